@@ -1,0 +1,129 @@
+"""`rlhf` command line: run the demo round, run a round or one stage from a config, inspect configs."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help="Prefect-orchestrated RLHF rounds.")
+console = Console()
+
+
+def _load(config: Optional[Path], overrides: list[str]):
+    from rlhf_core.config import ConfigError, RoundConfig, apply_override, load_config, parse_config
+
+    try:
+        if config is not None:
+            return load_config(config, RoundConfig, overrides)
+        data: dict = {}
+        for item in overrides:
+            apply_override(data, item)
+        return parse_config(data, RoundConfig, source="(defaults + --set)")
+    except ConfigError as err:
+        console.print(f"[red]{err}[/red]")
+        raise typer.Exit(2)
+
+
+def _run(cfg, stop_after: Optional[str] = None) -> dict:
+    from flows.round import rlhf_round
+
+    summary = rlhf_round(config=cfg, stop_after=stop_after)
+    print_summary(summary)
+    return summary
+
+
+@app.command()
+def demo(
+    config: Optional[Path] = typer.Option(None, help="YAML config; default: the embedded demo"),
+    set_: list[str] = typer.Option([], "--set", help="override, e.g. --set ppo.iterations=10"),
+):
+    """One full RLHF round on the embedded simulated world (no servers, no network)."""
+    _run(_load(config, set_))
+
+
+@app.command("round")
+def round_(
+    config: Path = typer.Argument(..., help="YAML config of the round"),
+    set_: list[str] = typer.Option([], "--set", help="override, e.g. --set seed=1"),
+):
+    """One RLHF round from a config file."""
+    _run(_load(config, set_))
+
+
+@app.command()
+def stage(
+    name: str = typer.Argument(..., help="world|sft|sample|generate|annotators|import_annotations|vote|denoise|"
+                                         "reward|ppo|evaluate"),
+    config: Optional[Path] = typer.Option(None, help="YAML config; default: the embedded demo"),
+    set_: list[str] = typer.Option([], "--set"),
+):
+    """Run the round up to and including one stage (earlier stages come from the cache)."""
+    from typing import get_args
+
+    from flows.round import StageName
+
+    if name not in get_args(StageName):
+        console.print(f"[red]unknown stage {name!r}; choose one of {', '.join(get_args(StageName))}[/red]")
+        raise typer.Exit(2)
+    _run(_load(config, set_), stop_after=name)
+
+
+@app.command()
+def validate(config: Path = typer.Argument(...)):
+    """Check a config without running anything."""
+    cfg = _load(config, [])
+    console.print(f"[green]{config}: valid[/green] (round {cfg.name!r}, seed {cfg.seed})")
+
+
+@app.command()
+def schema():
+    """Print the JSON schema of the round config (every key, type, default and meaning)."""
+    from rlhf_core.config import RoundConfig
+
+    print(json.dumps(RoundConfig.model_json_schema(), indent=2))
+
+
+@app.command()
+def version():
+    """Print the package version."""
+    import rlhf_core
+
+    print(rlhf_core.__version__)
+
+
+def print_summary(summary: dict) -> None:
+    console.rule(f"RLHF round {summary['round']!r} finished")
+    table = Table("stage", "artifact", "path", title="What each stage produced")
+    for stage, art in summary["artifacts"].items():
+        table.add_row(stage, f"{art['kind']}:{art['digest'][:12]}", art["path"])
+    console.print(table)
+    numbers = Table("headline", "value", title="Headline numbers")
+    for name, value in summary["headline"].items():
+        numbers.add_row(name, "-" if value is None else f"{value:.3f}" if isinstance(value, float) else str(value))
+    console.print(numbers)
+    mlflow = summary["mlflow"]
+    uri = mlflow["tracking_uri"]
+    console.print(f"MLflow run: [bold]{mlflow['run_id']}[/bold] in experiment {mlflow['experiment']!r} at {uri}")
+    bin_dir = Path(sys.executable).parent
+    console.print(f"Open the MLflow UI:  {shlex.quote(str(bin_dir / 'mlflow'))} ui --backend-store-uri "
+                  f"{shlex.quote(uri)} --host 127.0.0.1 --port 5000")
+    console.print(f"Open the Prefect UI: {shlex.quote(str(bin_dir / 'prefect'))} server start --host 127.0.0.1 "
+                  f"--port 4200   (flow run {summary.get('prefect_flow_run_id')})")
+
+
+def main() -> None:  # console_scripts entry point
+    app()
+
+
+if __name__ == "__main__":
+    main()

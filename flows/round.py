@@ -1,0 +1,145 @@
+"""The RLHF round: sample -> generate -> annotate -> vote -> denoise -> reward -> PPO -> evaluate.
+
+The flow body is a table of contents: each line is a versioned, cached, tracked task.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+from typing import Any, Literal
+
+from prefect import flow, get_run_logger
+from prefect.runtime import flow_run
+
+import rlhf_core
+from rlhf_core.artifacts import ArtifactRef
+from rlhf_core.config import RoundConfig, config_digest
+from tasks.annotation import collect_annotations, import_annotations
+from tasks.common import RunContext, code_version
+from tasks.denoise import denoise_pairs
+from tasks.evaluation import evaluate
+from tasks.generation import generate
+from tasks.ppo import train_policy
+from tasks.reward import train_reward
+from tasks.sampling import sample_prompts
+from tasks.tracking import Tracker, default_tracking_uri
+from tasks.voting import vote_strength
+from tasks.world import build_world, train_sft_policy
+
+# The numbers a person wants first: (stage, metric) read from the stages' manifests after the round.
+HEADLINE = {
+    "annotator agreement with gold": ("import_annotations", "annotation/gold_agreement"),
+    "pairs flipped by voting": ("denoise", "denoise/n_flipped"),
+    "pairs in total": ("import_annotations", "annotation/n_pairs"),
+    "gold agreement after denoising": ("denoise", "denoise/gold_agreement_after"),
+    "RM accuracy vs gold (held-out)": ("reward", "reward/gold_accuracy_heldout"),
+    "RM score, SFT": ("evaluate", "eval/sft/reward"),
+    "RM score, new policy": ("evaluate", "eval/policy/reward"),
+    "gold score, SFT": ("evaluate", "eval/sft/gold"),
+    "gold score, new policy": ("evaluate", "eval/policy/gold"),
+    "KL(new policy || SFT)": ("evaluate", "eval/policy/kl_to_sft"),
+    "judged win rate vs SFT": ("evaluate", "eval/judge/win_rate"),
+    "judged tie rate vs SFT": ("evaluate", "eval/judge/tie_rate"),
+    "judged lose rate vs SFT": ("evaluate", "eval/judge/lose_rate"),
+}
+
+
+def open_round(config: RoundConfig) -> RunContext:
+    """Create the round's parent MLflow run, tagged with the Prefect flow run."""
+    workdir = Path(config.workdir).resolve()
+    workdir.mkdir(parents=True, exist_ok=True)
+    uri = config.tracking_uri or default_tracking_uri(workdir)
+    tracker = Tracker(uri, config.experiment, workdir / "mlartifacts")
+    flow_run_id = str(flow_run.id or "")
+    tags = {
+        "rlhf.round": config.name,
+        "rlhf.config_digest": config_digest(config),
+        "rlhf.code_version": code_version(),
+        "prefect.flow_run_id": flow_run_id,
+        "prefect.flow_run_name": str(flow_run.name or ""),
+        "prefect.flow_run_url": str(flow_run.ui_url or ""),
+    }
+    parent = tracker.start_run(f"round-{config.name}", tags)
+    tracker.log_params(parent, config.model_dump(mode="json"))
+    return RunContext(workdir=str(workdir), tracking_uri=uri, experiment=config.experiment, parent_run_id=parent,
+                      round_name=config.name, flow_run_id=flow_run_id)
+
+
+StageName = Literal["world", "sft", "sample", "generate", "annotators", "import_annotations", "vote", "denoise",
+                    "reward", "ppo", "evaluate"]
+
+
+@flow(name="rlhf-round", version=rlhf_core.__version__, log_prints=True)
+def rlhf_round(config: RoundConfig = RoundConfig(), stop_after: StageName | None = None) -> dict[str, Any]:
+    """One RLHF round on the configured world; returns the summary (also logged to MLflow).
+
+    `stop_after` ends the round after that stage (earlier stages come from the cache when they
+    already ran with the same config): this is how a single stage is run.
+    """
+    ctx = open_round(config)
+    seed, simulated = config.seed, config.annotation.export_path is None
+    out: dict[str, ArtifactRef] = {}
+
+    def done(name: str, ref: ArtifactRef) -> bool:
+        out[name] = ref
+        return name == stop_after
+
+    try:
+        if done("world", build_world(ctx, config.world, seed)):
+            return finish_round(ctx, out)
+        if done("sft", train_sft_policy(ctx, config.world, config.policy_model, config.sft, out["world"], seed)):
+            return finish_round(ctx, out)
+        if done("sample", sample_prompts(ctx, config.sampling, out["world"], seed)):
+            return finish_round(ctx, out)
+        if done("generate", generate(ctx, config.generation, out["sample"], out["sft"], seed)):
+            return finish_round(ctx, out)
+        if done("annotators", collect_annotations(ctx, config.annotation, config.world, out["generate"], seed)):
+            return finish_round(ctx, out)
+        if done("import_annotations", import_annotations(ctx, config.annotation, out["annotators"],
+                                                         out["generate"], simulated)):
+            return finish_round(ctx, out)
+        if done("vote", vote_strength(ctx, config.voting, out["import_annotations"], out["sft"], seed, simulated)):
+            return finish_round(ctx, out)
+        if done("denoise", denoise_pairs(ctx, config.denoise, out["import_annotations"], out["vote"], simulated)):
+            return finish_round(ctx, out)
+        if done("reward", train_reward(ctx, config.reward, out["denoise"], out["sft"], out["world"], seed,
+                                       simulated)):
+            return finish_round(ctx, out)
+        if done("ppo", train_policy(ctx, config.ppo, out["sft"], out["reward"], out["world"], config.reward.train,
+                                    seed)):
+            return finish_round(ctx, out)
+        done("evaluate", evaluate(ctx, config.evaluation, out["ppo"], out["sft"], out["reward"], out["world"],
+                                  config.reward.train, seed))
+        return finish_round(ctx, out)
+    except BaseException:
+        ctx.tracker.end_run(ctx.parent_run_id, status="FAILED")
+        raise
+
+
+def finish_round(ctx: RunContext, outputs: dict[str, ArtifactRef]) -> dict[str, Any]:
+    summary = summarize_round(ctx, outputs)
+    ctx.tracker.end_run(ctx.parent_run_id)
+    get_run_logger().info("round %s finished: %s", ctx.round_name, json.dumps(summary["headline"]))
+    return summary
+
+
+def summarize_round(ctx: RunContext, outputs: dict[str, ArtifactRef]) -> dict[str, Any]:
+    """Headline numbers and artifact paths, logged to the parent run as metrics and summary.json."""
+    store, tracker = ctx.store, ctx.tracker
+    metrics = {stage: store.manifest(ref).metrics for stage, ref in outputs.items()}
+    headline = {name: metrics.get(stage, {}).get(key) for name, (stage, key) in HEADLINE.items()}
+    summary = {
+        "round": ctx.round_name,
+        "mlflow": {"tracking_uri": ctx.tracking_uri, "experiment": ctx.experiment, "run_id": ctx.parent_run_id},
+        "prefect_flow_run_id": ctx.flow_run_id,
+        "artifacts": {name: {"kind": r.kind, "digest": r.digest, "path": r.path} for name, r in outputs.items()},
+        "headline": headline,
+    }
+    tracker.log_metrics(ctx.parent_run_id, {f"headline/{k}": v for k, v in headline.items() if v is not None})
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "summary.json"
+        path.write_text(json.dumps(summary, indent=2))
+        tracker.log_artifact(ctx.parent_run_id, path)
+    return summary

@@ -1,0 +1,1 @@
+"""Annotation: comparison tasks to annotate, importers of annotation-tool exports, pair formation."""

@@ -1,0 +1,210 @@
+"""A content-addressed artifact store with manifests and atomic writes.
+
+Layout under `root`:
+    <kind>/<digest>/...            the artifact's files + manifest.json (a Parquet table, an HF model dir, ...)
+    cache/<cache_key>.json         which artifact a (stage, stage version, config, inputs) produced
+    .staging/<random>/             where a stage writes before its artifact is committed
+
+A stage writes into a staging directory; `commit` hashes every file, writes the manifest and
+renames the directory into place in one `os.rename`, so a killed stage never leaves a half
+artifact where a later stage would read it. The digest covers the whole content (every byte of
+every file, and the relative paths), not a sample of it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterator
+
+from pydantic import BaseModel, ConfigDict
+
+MANIFEST = "manifest.json"
+
+
+class ArtifactRef(BaseModel):
+    """A pointer to a committed artifact; small and serialisable (it is what Prefect tasks return)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    kind: str
+    digest: str
+    path: str
+
+    def file(self, name: str) -> Path:
+        return Path(self.path) / name
+
+
+class InputRef(BaseModel):
+    model_config = ConfigDict(frozen=True)
+    name: str
+    kind: str
+    digest: str
+
+
+class Manifest(BaseModel):
+    kind: str
+    digest: str
+    schema_version: int
+    stage: str
+    stage_version: str
+    code_version: str
+    config: dict[str, Any]
+    config_digest: str
+    inputs: list[InputRef]
+    cache_key: str
+    files: dict[str, str]  # relative path -> sha256
+    metrics: dict[str, float] = {}
+    created_at: float
+
+
+def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def content_digest(root: Path) -> tuple[str, dict[str, str]]:
+    """sha256 over (relative path, file sha256) of every file under root except the manifest."""
+    files = {}
+    for p in sorted(root.rglob("*")):
+        rel = p.relative_to(root).as_posix()
+        if p.is_file() and rel != MANIFEST:
+            files[rel] = sha256_file(p)
+    h = hashlib.sha256()
+    for rel, digest in files.items():
+        h.update(f"{rel}\0{digest}\n".encode())
+    return h.hexdigest(), files
+
+
+def cache_key(stage: str, stage_version: str, config_digest: str, input_digests: dict[str, str]) -> str:
+    """The identity of a stage execution: same stage code, config and inputs give the same key."""
+    blob = json.dumps(
+        {"stage": stage, "version": stage_version, "config": config_digest, "inputs": input_digests},
+        sort_keys=True,
+    )
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def atomic_write_text(path: str | Path, text: str) -> None:
+    """Write a file so that readers see either the old content or the whole new one."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+class ArtifactStore:
+    def __init__(self, root: str | Path):
+        self.root = Path(root).resolve()
+        self.root.mkdir(parents=True, exist_ok=True)
+
+    @contextmanager
+    def staging(self) -> Iterator[Path]:
+        """A fresh directory to write an artifact into; removed if not committed."""
+        base = self.root / ".staging"
+        base.mkdir(exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(dir=base))
+        try:
+            yield tmp
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+    def commit(
+        self,
+        staged: Path,
+        *,
+        kind: str,
+        stage: str,
+        stage_version: str,
+        code_version: str,
+        config: dict[str, Any],
+        config_digest: str,
+        inputs: dict[str, ArtifactRef],
+        cache_key: str,
+        schema_version: int = 1,
+        metrics: dict[str, float] | None = None,
+    ) -> ArtifactRef:
+        """Hash the staged content, write its manifest, move it into place and index its cache key."""
+        digest, files = content_digest(staged)
+        if not files:
+            raise ValueError(f"refusing to commit an empty {kind} artifact from stage {stage}")
+        manifest = Manifest(
+            kind=kind,
+            digest=digest,
+            schema_version=schema_version,
+            stage=stage,
+            stage_version=stage_version,
+            code_version=code_version,
+            config=config,
+            config_digest=config_digest,
+            inputs=[InputRef(name=n, kind=r.kind, digest=r.digest) for n, r in sorted(inputs.items())],
+            cache_key=cache_key,
+            files=files,
+            metrics=metrics or {},
+            created_at=time.time(),
+        )
+        (staged / MANIFEST).write_text(manifest.model_dump_json(indent=2))
+        target = self.root / kind / digest
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if not target.exists():
+            try:
+                os.rename(staged, target)
+            except OSError:
+                if not target.exists():  # lost a race to an identical artifact otherwise
+                    raise
+        ref = ArtifactRef(kind=kind, digest=digest, path=str(target))
+        atomic_write_text(self.root / "cache" / f"{cache_key}.json", ref.model_dump_json())
+        return ref
+
+    def lookup(self, key: str) -> ArtifactRef | None:
+        """The artifact a finished stage execution with this cache key produced, if it is intact."""
+        entry = self.root / "cache" / f"{key}.json"
+        if not entry.is_file():
+            return None
+        ref = ArtifactRef.model_validate_json(entry.read_text())
+        if not (Path(ref.path) / MANIFEST).is_file():
+            return None
+        return ref
+
+    def manifest(self, ref: ArtifactRef) -> Manifest:
+        return Manifest.model_validate_json((Path(ref.path) / MANIFEST).read_text())
+
+    def verify(self, ref: ArtifactRef) -> bool:
+        """Recompute the digest: True if no byte changed since commit."""
+        return content_digest(Path(ref.path))[0] == ref.digest
+
+    def find(self, kind: str, digest: str) -> ArtifactRef:
+        path = self.root / kind / digest
+        if not (path / MANIFEST).is_file():
+            raise FileNotFoundError(f"no {kind} artifact {digest} under {self.root}")
+        return ArtifactRef(kind=kind, digest=digest, path=str(path))
+
+    def lineage(self, ref: ArtifactRef) -> list[Manifest]:
+        """This artifact's manifest and every upstream manifest, walking input digests (depth first)."""
+        seen: dict[str, Manifest] = {}
+        stack = [ref]
+        while stack:
+            r = stack.pop()
+            if r.digest in seen:
+                continue
+            m = self.manifest(r)
+            seen[r.digest] = m
+            stack.extend(self.find(i.kind, i.digest) for i in m.inputs)
+        return list(seen.values())

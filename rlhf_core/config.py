@@ -1,0 +1,269 @@
+"""Typed configs of every stage, shared by the CLI, the Prefect flows (UI forms) and workers.
+
+Every config is a frozen pydantic model with `extra="forbid"`: an unknown key or a value of
+the wrong type fails at load time, before any work starts, with the key and the expected type.
+Defaults are the embedded demo (simulated world, tiny Qwen2 models, CPU, minutes).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+
+class StrictModel(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ConfigError(ValueError):
+    """A config that cannot be used; the message names every bad key and what was expected."""
+
+
+# ---------------------------------------------------------------- the simulated world
+
+
+class WorldConfig(StrictModel):
+    """The embedded simulated world: prompts with tags, hidden gold preference, annotators."""
+
+    n_prompts: int = Field(800, ge=10, description="size of the prompt pool the sampler draws from")
+    n_eval_prompts: int = Field(64, ge=4, description="held-out prompts for RM accuracy and judging")
+    demo_correct_prob: float = Field(0.55, ge=0, le=1, description="demonstrator gives the right number")
+    demo_style_prob: float = Field(0.5, ge=0, le=1, description="demonstrator follows each style tag")
+    n_annotators: int = Field(6, ge=1, description="simulated crowd size")
+    annotators_per_pair: int = Field(1, ge=1, description="independent labels per comparison task")
+    annotator_temperature: float = Field(
+        0.9, gt=0, description="Bradley-Terry noise scale: P(A) = sigmoid((gold_A - gold_B) / T)"
+    )
+    annotator_error_max: float = Field(
+        0.2, ge=0, le=0.5, description="each annotator flips labels with a rate drawn in [0, max]"
+    )
+
+
+class PolicyModelConfig(StrictModel):
+    """Architecture of the tiny Qwen2 policy built from scratch for the simulated world."""
+
+    hidden_size: int = 64
+    intermediate_size: int = 192
+    num_hidden_layers: int = 2
+    num_attention_heads: int = 4
+    num_key_value_heads: int = 2
+    max_position_embeddings: int = 128
+
+
+class SFTConfig(StrictModel):
+    demos_per_prompt: int = Field(3, ge=1)
+    steps: int = Field(400, ge=1)
+    batch_size: int = Field(32, ge=1)
+    lr: float = Field(3e-3, gt=0)
+
+
+# ---------------------------------------------------------------- stages
+
+
+class SamplingConfig(StrictModel):
+    """InsTag complexity-first diverse sampling of prompts to annotate."""
+
+    n_samples: int = Field(160, ge=1, description="budget: prompts sent to annotation")
+    min_tag_count: int = Field(1, ge=1, description="tags seen fewer times than this are dropped")
+
+
+class SamplingStrategy(StrictModel):
+    name: str = "t1.0"
+    temperature: float = Field(1.0, ge=0, description="0 means greedy")
+    top_p: float = Field(1.0, gt=0, le=1)
+    top_k: int = Field(0, ge=0, description="0 means no top-k filter")
+    max_new_tokens: int = Field(24, ge=1)
+    n: int = Field(2, ge=1, description="responses per prompt with this strategy")
+
+
+class GenerationConfig(StrictModel):
+    """Responses to annotate: every (strategy, n) of the plan over every sampled prompt."""
+
+    strategies: tuple[SamplingStrategy, ...] = (
+        SamplingStrategy(name="t1.0", temperature=1.0, n=2),
+        SamplingStrategy(name="t0.7-p0.9", temperature=0.7, top_p=0.9, n=2),
+    )
+    batch_size: int = Field(64, ge=1)
+
+
+class AnnotationConfig(StrictModel):
+    pairs_per_prompt: int = Field(2, ge=1, description="comparison tasks formed per prompt")
+    export_path: str | None = Field(
+        None, description="a real annotation-tool export to import; None = the simulated annotators label"
+    )
+    format: Literal["label_studio"] = "label_studio"
+    aggregate: Literal["majority"] = Field("majority", description="how several labels of one pair combine")
+
+
+class RewardTrainConfig(StrictModel):
+    """Bradley-Terry reward-model training (a backbone with a scalar head read at the end token)."""
+
+    epochs: int = Field(2, ge=1)
+    batch_size: int = Field(16, ge=1)
+    lr: float = Field(1e-3, gt=0)
+    weight_decay: float = Field(0.0, ge=0)
+    max_length: int = Field(96, ge=8, description="prompt + response tokens; longer is truncated from the left")
+
+
+class VotingConfig(StrictModel):
+    """Preference strength: M reward models on the same pairs, different seeds and data orders."""
+
+    n_models: int = Field(10, ge=2, description="M, the ensemble size (Secrets of RLHF II: 10)")
+    train: RewardTrainConfig = RewardTrainConfig(epochs=1)
+    ambiguous_band: float = Field(
+        0.1, ge=0, description="pairs with 0 <= mean strength < band are bucketed 'ambiguous'"
+    )
+
+
+class DenoiseConfig(StrictModel):
+    """Secrets of RLHF II: flip incorrect pairs, smooth ambiguous ones, adaptive margin."""
+
+    flip: bool = Field(True, description="swap chosen/rejected where the mean strength < 0")
+    ambiguous_smoothing: float = Field(
+        0.1, ge=0, lt=0.5, description="soft label 1 - eps for 'ambiguous' pairs (0 = off)"
+    )
+    adaptive_margin: bool = Field(True, description="margin = |mean strength| (else 0)")
+    margin_scale: float = Field(1.0, ge=0)
+
+
+class RewardConfig(StrictModel):
+    train: RewardTrainConfig = RewardTrainConfig()
+
+
+class PPOConfig(StrictModel):
+    """PPO with a token-level KL penalty. Each trick is a named switch (PPO-max defaults)."""
+
+    iterations: int = Field(30, ge=1, description="rollout + update rounds")
+    rollout_prompts: int = Field(32, ge=1, description="prompts per rollout")
+    responses_per_prompt: int = Field(2, ge=1, description="PPO-max samples two responses per query")
+    ppo_epochs: int = Field(2, ge=1)
+    mini_batch_size: int = Field(16, ge=1)
+    policy_lr: float = Field(3e-4, gt=0)
+    critic_lr: float = Field(1e-3, gt=0)
+    max_new_tokens: int = Field(24, ge=1)
+    temperature: float = Field(1.0, gt=0)
+    top_p: float = Field(0.9, gt=0, le=1, description="nucleus sampling")
+    kl_coef: float = Field(0.05, ge=0, description="token-level KL penalty against the reference (SFT)")
+    kl_estimator: Literal["k1", "k3"] = "k1"
+    gamma: float = Field(1.0, ge=0, le=1)
+    lam: float = Field(0.95, ge=0, le=1)
+    clip_coef: float = Field(0.2, gt=0)
+    vf_coef: float = Field(0.5, ge=0)
+    clip_vloss: bool = Field(True, description="value-loss clipping")
+    value_clip: float = Field(0.2, gt=0)
+    reward_norm: bool = Field(True, description="normalise rewards with running mean/std")
+    reward_clip: float = Field(5.0, gt=0, description="clip normalised rewards to [-c, c]")
+    norm_adv: bool = Field(True, description="whiten advantages per batch")
+    max_grad_norm: float = Field(1.0, gt=0, description="global gradient clipping")
+    critic_warmup_iterations: int = Field(2, ge=0, description="train the critic alone first")
+    critic_from_reward_model: bool = Field(True, description="initialise the critic from the reward model")
+
+
+class EvalConfig(StrictModel):
+    """Pairwise judging of the new policy against SFT on held-out prompts, both orders."""
+
+    judge: Literal["oracle"] = "oracle"
+    n_prompts: int = Field(64, ge=1)
+    max_new_tokens: int = Field(24, ge=1)
+    temperature: float = Field(0.0, ge=0, description="0 = greedy responses for judging")
+    tie_margin: float = Field(0.25, ge=0, description="oracle: |gold difference| below this is a tie")
+
+
+class RoundConfig(StrictModel):
+    """One RLHF round: sample -> generate -> annotate -> vote -> denoise -> reward -> PPO -> evaluate."""
+
+    name: str = "demo"
+    seed: int = 0
+    workdir: str = Field("rlhf-runs", description="artifact store and run files; relative to the cwd")
+    tracking_uri: str | None = Field(None, description="MLflow URI; default sqlite:///<workdir>/mlflow.db")
+    experiment: str = "rlhf"
+    world: WorldConfig = WorldConfig()
+    policy_model: PolicyModelConfig = PolicyModelConfig()
+    sft: SFTConfig = SFTConfig()
+    sampling: SamplingConfig = SamplingConfig()
+    generation: GenerationConfig = GenerationConfig()
+    annotation: AnnotationConfig = AnnotationConfig()
+    voting: VotingConfig = VotingConfig()
+    denoise: DenoiseConfig = DenoiseConfig()
+    reward: RewardConfig = RewardConfig()
+    ppo: PPOConfig = PPOConfig()
+    evaluation: EvalConfig = EvalConfig()
+
+    @model_validator(mode="after")
+    def _check_sizes(self) -> "RoundConfig":
+        if self.sampling.n_samples > self.world.n_prompts:
+            raise ValueError(
+                f"sampling.n_samples ({self.sampling.n_samples}) exceeds world.n_prompts "
+                f"({self.world.n_prompts}): raise the pool or lower the budget"
+            )
+        if self.evaluation.n_prompts > self.world.n_eval_prompts:
+            raise ValueError(
+                f"evaluation.n_prompts ({self.evaluation.n_prompts}) exceeds world.n_eval_prompts "
+                f"({self.world.n_eval_prompts})"
+            )
+        return self
+
+
+# ---------------------------------------------------------------- loading and digests
+
+
+def _format_errors(err: ValidationError, source: str) -> str:
+    lines = [f"invalid config {source}:"]
+    for e in err.errors():
+        key = ".".join(str(p) for p in e["loc"]) or "<root>"
+        if e["type"] == "extra_forbidden":
+            lines.append(f"  {key}: unknown key (check the spelling; `rlhf schema` lists every key)")
+        else:
+            got = e.get("input")
+            got_s = repr(got) if not isinstance(got, dict) else "a mapping"
+            lines.append(f"  {key}: {e['msg']} (got {got_s})")
+    return "\n".join(lines)
+
+
+def parse_config(data: dict[str, Any] | None, cls: type[StrictModel] = RoundConfig, source: str = "<dict>"):
+    """Validate a mapping into `cls`, raising ConfigError with one line per bad key."""
+    try:
+        return cls.model_validate(data or {})
+    except ValidationError as err:
+        raise ConfigError(_format_errors(err, source)) from None
+
+
+def load_config(path: str | Path, cls: type[StrictModel] = RoundConfig, overrides: list[str] = ()):
+    """Load a YAML config; `overrides` are `dotted.key=value` strings applied on top (value is YAML)."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file not found: {path}")
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{path} is not valid YAML: {err}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping of keys, got {type(data).__name__}")
+    for item in overrides:
+        apply_override(data, item)
+    return parse_config(data, cls, source=str(path))
+
+
+def apply_override(data: dict, item: str) -> None:
+    if "=" not in item:
+        raise ConfigError(f"override {item!r} must look like key.sub=value")
+    key, raw = item.split("=", 1)
+    node = data
+    parts = key.strip().split(".")
+    for p in parts[:-1]:
+        node = node.setdefault(p, {})
+        if not isinstance(node, dict):
+            raise ConfigError(f"override {item!r}: {p} is not a section")
+    node[parts[-1]] = yaml.safe_load(raw)
+
+
+def config_digest(cfg: BaseModel | dict[str, Any]) -> str:
+    """sha256 of the config's canonical JSON: equal configs give equal digests."""
+    data = cfg.model_dump(mode="json") if isinstance(cfg, BaseModel) else cfg
+    blob = json.dumps(data, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(blob.encode()).hexdigest()

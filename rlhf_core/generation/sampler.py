@@ -1,0 +1,102 @@
+"""Batched sampling with a KV cache: queries in, left-padded query ids and masked responses out.
+
+One function serves both the generation stage (responses to annotate) and PPO rollouts, so the
+two always sample the same way. Layout of a rollout, per row:
+
+    query_ids    [pad pad q q q q]     left-padded, so every response starts at the same column
+    response_ids [r r r eos pad pad]   everything after the first eos is pad
+    response_mask[1 1 1 1   0   0  ]   1 up to and including the first eos
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+
+import torch
+from transformers import PreTrainedTokenizerBase
+
+
+@dataclass
+class Rollout:
+    query_ids: torch.Tensor  # (B, Tq) left-padded
+    query_mask: torch.Tensor  # (B, Tq) 1 on query tokens
+    response_ids: torch.Tensor  # (B, Tr) pad after the first eos; Tr <= max_new_tokens
+    response_mask: torch.Tensor  # (B, Tr) 1 up to and including the first eos
+    texts: list[str]  # decoded responses, without eos / pad / special tokens
+
+
+def response_mask_from_ids(response_ids: torch.Tensor, eos_token_id: int) -> torch.Tensor:
+    """1 up to and including the first eos of each row, 0 after: (B, Tr) -> (B, Tr) long.
+
+    Computed from eos, not from `!= pad`, because many tokenizers use eos as pad.
+    """
+    is_eos = (response_ids == eos_token_id).long()  # (B, Tr)
+    eos_before = is_eos.cumsum(1) - is_eos  # number of eos strictly before each position
+    return (eos_before == 0).long()
+
+
+def decode_responses(
+    tokenizer: PreTrainedTokenizerBase, response_ids: torch.Tensor, response_mask: torch.Tensor
+) -> list[str]:
+    """Decode each row's valid tokens; eos, pad and other special tokens are skipped."""
+    return [
+        tokenizer.decode(ids[mask.bool()].tolist(), skip_special_tokens=True)
+        for ids, mask in zip(response_ids, response_mask)
+    ]
+
+
+def _generate_kwargs(temperature: float, top_p: float, top_k: int) -> dict:
+    """Sampling switches for model.generate; temperature 0 means greedy."""
+    if temperature == 0:
+        return {"do_sample": False}
+    return {"do_sample": True, "temperature": temperature, "top_p": top_p, "top_k": top_k}
+
+
+@torch.no_grad()
+def sample_batch(
+    model: torch.nn.Module,
+    tokenizer: PreTrainedTokenizerBase,
+    queries: list[str],
+    max_new_tokens: int,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    top_k: int = 0,
+    generator_seed: int | None = None,
+) -> Rollout:
+    """Sample one response per query (KV cache). Deterministic for a given `generator_seed`.
+
+    With a seed, sampling runs inside a forked RNG: it neither depends on nor disturbs the
+    caller's global torch RNG. Without one it draws from (and advances) the global RNG.
+    `top_k=0` means no top-k filter.
+    """
+    # Left padding whatever the tokenizer's default: generation appends at the right edge.
+    # add_special_tokens=False: ByT5 would otherwise append eos to every query.
+    enc = tokenizer(
+        queries, add_special_tokens=False, padding=True, padding_side="left", return_tensors="pt"
+    )
+    if (enc.attention_mask.sum(1) == 0).any():
+        raise ValueError(f"a query encodes to no tokens; check the tokenizer ({type(tokenizer).__name__})")
+    device = next(model.parameters()).device
+    query_ids, query_mask = enc.input_ids.to(device), enc.attention_mask.to(device)  # (B, Tq)
+
+    seeded = generator_seed is not None
+    devices = [] if device.type == "cpu" else [device]
+    with torch.random.fork_rng(devices=devices) if seeded else contextlib.nullcontext():
+        if seeded:
+            torch.manual_seed(generator_seed)
+        out = model.generate(
+            input_ids=query_ids,
+            attention_mask=query_mask,
+            max_new_tokens=max_new_tokens,
+            pad_token_id=tokenizer.pad_token_id,
+            eos_token_id=tokenizer.eos_token_id,
+            use_cache=True,
+            **_generate_kwargs(temperature, top_p, top_k),
+        )  # (B, Tq + Tr)
+
+    response_ids = out[:, query_ids.shape[1] :]  # (B, Tr)
+    response_mask = response_mask_from_ids(response_ids, tokenizer.eos_token_id)
+    response_ids = response_ids.masked_fill(response_mask == 0, tokenizer.pad_token_id)
+    texts = decode_responses(tokenizer, response_ids, response_mask)
+    return Rollout(query_ids, query_mask, response_ids, response_mask, texts)

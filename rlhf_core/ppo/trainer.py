@@ -1,0 +1,258 @@
+"""The PPO-max training loop: rollout -> advantages -> update, repeated `cfg.iterations` times.
+
+The math lives in `rlhf_core.ppo.core`; this module only moves tensors between the policy, the
+frozen reference, the critic and the reward function. Every PPO-max trick is a switch of
+`PPOConfig` used in exactly one `if` below (or in core), so vanilla PPO is the same code with
+the switches off.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import defaultdict
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+from tqdm.auto import tqdm
+from transformers import AutoModel
+
+from rlhf_core.config import PPOConfig
+from rlhf_core.generation.sampler import sample_batch
+from rlhf_core.models import format_query, load_policy, load_reward_model, load_tokenizer
+from rlhf_core.ops import entropy_from_logits, logprobs_from_logits, masked_mean, masked_whiten
+from rlhf_core.ppo.core import (
+    RunningMoments,
+    explained_variance,
+    gae,
+    normalize_and_clip,
+    policy_loss,
+    token_rewards,
+    value_loss,
+)
+
+RewardFn = Callable[[list[str], list[str]], torch.Tensor]  # (prompts, responses) -> scores (B,)
+
+
+class Critic(nn.Module):
+    """A transformer backbone with a linear value head: one value per token."""
+
+    def __init__(self, backbone: nn.Module):
+        super().__init__()
+        self.backbone = backbone
+        self.value_head = nn.Linear(backbone.config.hidden_size, 1)
+
+    def forward(self, input_ids, attention_mask, position_ids) -> torch.Tensor:
+        hidden = self.backbone(
+            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids
+        ).last_hidden_state  # (B, T, H)
+        return self.value_head(hidden).squeeze(-1)  # (B, T)
+
+
+def build_critic(policy_dir: str | Path, reward_model_dir: str | Path | None) -> Critic:
+    """PPO-max initialises the critic from the reward model (backbone and head); else from the policy.
+
+    A reward model already maps a state to "how good", so its head is a far better start for
+    V(s) than a random one and the early advantages are less noisy.
+    """
+    if reward_model_dir is None:
+        return Critic(AutoModel.from_pretrained(str(policy_dir), dtype=torch.float32))
+    reward_model = load_reward_model(reward_model_dir)  # e.g. Qwen2ForSequenceClassification
+    critic = Critic(reward_model.base_model)
+    with torch.no_grad():
+        critic.value_head.weight.copy_(reward_model.score.weight)  # (1, H)
+        critic.value_head.bias.zero_()  # the reward model's head has no bias
+    return critic
+
+
+@dataclass
+class Experience:
+    """One rollout batch, everything the update needs; (B, Tq) for queries, (B, T) for responses."""
+
+    query_ids: torch.Tensor
+    query_mask: torch.Tensor
+    response_ids: torch.Tensor
+    response_mask: torch.Tensor
+    logp: torch.Tensor  # log pi_old(token)
+    ref_logp: torch.Tensor  # log pi_ref(token)
+    values: torch.Tensor  # V_old(state before the token)
+    entropy: torch.Tensor  # policy entropy at each response position
+    scores: torch.Tensor  # (B,) raw reward-function scores
+    advantages: torch.Tensor | None = None  # filled by compute_advantages
+    returns: torch.Tensor | None = None
+    kl: torch.Tensor | None = None
+
+    def minibatch(self, idx: torch.Tensor) -> "Experience":
+        return Experience(**{k: (v[idx] if v is not None else None) for k, v in vars(self).items()})
+
+
+def _forward_inputs(batch) -> dict[str, torch.Tensor]:
+    """query + response of a Rollout or Experience; position ids count only real tokens, because
+    queries are left-padded (generation computes them the same way)."""
+    input_ids = torch.cat([batch.query_ids, batch.response_ids], dim=1)  # (B, Tq + T)
+    attention_mask = torch.cat([batch.query_mask, batch.response_mask], dim=1)
+    position_ids = (attention_mask.cumsum(1) - 1).clamp(min=0)
+    return {"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids}
+
+
+def response_logits(model: nn.Module, batch, temperature: float) -> torch.Tensor:
+    """Logits that predicted each response token: (B, T, V). Divided by the sampling temperature,
+    so log-probs are those of the distribution the tokens were drawn from."""
+    logits = model(**_forward_inputs(batch)).logits  # (B, Tq + T, V)
+    Tq = batch.query_ids.shape[1]
+    return logits[:, Tq - 1 : -1] / temperature  # position t predicts token t + 1
+
+
+def response_values(critic: Critic, batch) -> torch.Tensor:
+    """V(s_t) for each response token t, with s_t = query + response[:t]: (B, T)."""
+    Tq = batch.query_ids.shape[1]
+    return critic(**_forward_inputs(batch))[:, Tq - 1 : -1]
+
+
+@torch.no_grad()
+def rollout(policy, reference, critic, tokenizer, reward_fn: RewardFn, prompts, cfg: PPOConfig, seed: int):
+    """Sample responses, score them, and record log-probs (policy, reference) and values."""
+    queries = [format_query(tokenizer, p) for p in prompts]
+    sample = sample_batch(
+        policy, tokenizer, queries, cfg.max_new_tokens, cfg.temperature, cfg.top_p, generator_seed=seed
+    )
+    logits = response_logits(policy, sample, cfg.temperature)  # (B, T, V)
+    ref_logits = response_logits(reference, sample, cfg.temperature)
+    return Experience(
+        query_ids=sample.query_ids,
+        query_mask=sample.query_mask,
+        response_ids=sample.response_ids,
+        response_mask=sample.response_mask,
+        logp=logprobs_from_logits(logits, sample.response_ids),
+        ref_logp=logprobs_from_logits(ref_logits, sample.response_ids),
+        values=response_values(critic, sample),
+        entropy=entropy_from_logits(logits),
+        scores=reward_fn(list(prompts), sample.texts).detach().float().reshape(-1),  # (B,)
+    )
+
+
+def compute_advantages(exp: Experience, moments: RunningMoments, cfg: PPOConfig) -> Experience:
+    """Token rewards (score at eos, KL penalty everywhere), GAE, optional whitening. Fills `exp`."""
+    mask, scores = exp.response_mask, exp.scores
+    if cfg.reward_norm:
+        scores = normalize_and_clip(scores, moments, cfg.reward_clip)
+    rewards, exp.kl = token_rewards(scores, exp.logp, exp.ref_logp, mask, cfg.kl_coef, cfg.kl_estimator)
+    exp.advantages, exp.returns = gae(rewards, exp.values, mask, cfg.gamma, cfg.lam)
+    if cfg.norm_adv:
+        exp.advantages = masked_whiten(exp.advantages, mask) * mask
+    return exp
+
+
+def _step(loss: torch.Tensor, model: nn.Module, optimizer: torch.optim.Optimizer, max_grad_norm: float):
+    optimizer.zero_grad()
+    loss.backward()
+    nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)  # global norm over all parameters
+    optimizer.step()
+
+
+def policy_step(policy, optimizer, mb: Experience, cfg: PPOConfig) -> dict[str, float]:
+    """One clipped-surrogate step on a minibatch."""
+    logp = logprobs_from_logits(response_logits(policy, mb, cfg.temperature), mb.response_ids)  # (b, T)
+    pg_loss, metrics = policy_loss(logp, mb.logp, mb.advantages, mb.response_mask, cfg.clip_coef)
+    _step(pg_loss, policy, optimizer, cfg.max_grad_norm)
+    return {
+        "loss/policy": pg_loss.item(),
+        "policy/approx_kl": metrics["approx_kl"],
+        "policy/clipfrac": metrics["clipfrac"],
+    }
+
+
+def critic_step(critic, optimizer, mb: Experience, cfg: PPOConfig) -> dict[str, float]:
+    """One (optionally clipped) value-loss step on a minibatch."""
+    values = response_values(critic, mb)  # (b, T)
+    v_loss, metrics = value_loss(
+        values, mb.values, mb.returns, mb.response_mask, cfg.value_clip, cfg.clip_vloss
+    )
+    _step(cfg.vf_coef * v_loss, critic, optimizer, cfg.max_grad_norm)
+    return {"loss/value": v_loss.item(), "value/error": metrics["error"]}
+
+
+def update(policy, critic, policy_opt, critic_opt, exp: Experience, cfg: PPOConfig, train_policy: bool, gen):
+    """`cfg.ppo_epochs` passes over shuffled minibatches; the policy is skipped during critic warm-up.
+    Returns each metric averaged over the minibatch steps."""
+    stats = defaultdict(list)
+    for _ in range(cfg.ppo_epochs):
+        for idx in torch.randperm(exp.response_ids.shape[0], generator=gen).split(cfg.mini_batch_size):
+            mb = exp.minibatch(idx)
+            step_metrics = critic_step(critic, critic_opt, mb, cfg)
+            if train_policy:
+                step_metrics |= policy_step(policy, policy_opt, mb, cfg)
+            for k, v in step_metrics.items():
+                stats[k].append(v)
+    return {k: float(np.mean(v)) for k, v in stats.items()}
+
+
+def iteration_metrics(exp: Experience, update_stats: dict[str, float], iteration: int) -> dict[str, float]:
+    """Fixed, grouped names; policy metrics are 0 while the critic warms up alone."""
+    mask = exp.response_mask.float()
+    return {
+        "objective/score": exp.scores.mean().item(),
+        "objective/kl": exp.kl.sum(1).mean().item(),
+        "objective/entropy": masked_mean(exp.entropy, mask).item(),
+        "policy/approx_kl": update_stats.get("policy/approx_kl", 0.0),
+        "policy/clipfrac": update_stats.get("policy/clipfrac", 0.0),
+        "loss/policy": update_stats.get("loss/policy", 0.0),
+        "loss/value": update_stats["loss/value"],
+        "value/explained_variance": explained_variance(exp.values, exp.returns, mask),
+        "value/error": update_stats["value/error"],
+        "response/length": mask.sum(1).mean().item(),
+        "iteration": iteration,
+    }
+
+
+def prompt_batches(prompts: list[str], size: int, rng: np.random.Generator) -> Iterator[list[str]]:
+    """Endless batches of `size` prompts: a fresh seeded shuffle each pass over the pool."""
+    stream = itertools.chain.from_iterable(rng.permutation(len(prompts)) for _ in itertools.count())
+    while True:
+        yield [prompts[i] for i in itertools.islice(stream, size)]
+
+
+def train_ppo(
+    policy_dir: str | Path,
+    reward_fn: RewardFn,
+    prompts: list[str],
+    cfg: PPOConfig,
+    seed: int,
+    critic_init_dir: str | Path | None = None,
+    on_iteration: Callable[[dict[str, float]], None] | None = None,
+    progress: bool = False,
+) -> tuple[nn.Module, object, list[dict[str, float]]]:
+    """PPO-max fine-tuning of the policy in `policy_dir` against `reward_fn`.
+
+    Returns (policy, tokenizer, history), one metrics dict per iteration (also passed to
+    `on_iteration`). Deterministic for a given seed on a given machine.
+    """
+    torch.manual_seed(seed)
+    tokenizer = load_tokenizer(policy_dir)
+    # eval(): no dropout, so the first PPO epoch starts exactly at ratio = 1.
+    policy = load_policy(policy_dir).eval()
+    reference = load_policy(policy_dir).eval().requires_grad_(False)  # frozen initial policy
+    use_reward_model = cfg.critic_from_reward_model and critic_init_dir is not None
+    critic = build_critic(policy_dir, critic_init_dir if use_reward_model else None).eval()
+    policy_opt = torch.optim.AdamW(policy.parameters(), lr=cfg.policy_lr)
+    critic_opt = torch.optim.AdamW(critic.parameters(), lr=cfg.critic_lr)
+    moments = RunningMoments()
+    batches = prompt_batches(list(prompts), cfg.rollout_prompts, np.random.default_rng(seed))
+    gen = torch.Generator().manual_seed(seed)  # minibatch shuffles
+
+    history = []
+    for it in tqdm(range(cfg.iterations), disable=not progress, desc="ppo"):
+        batch = [p for p in next(batches) for _ in range(cfg.responses_per_prompt)]
+        sample_seed = seed * 1_000_003 + it  # a different draw each iteration, reproducible
+        exp = rollout(policy, reference, critic, tokenizer, reward_fn, batch, cfg, sample_seed)
+        exp = compute_advantages(exp, moments, cfg)
+        train_policy = it >= cfg.critic_warmup_iterations  # PPO-max: critic alone first
+        stats = update(policy, critic, policy_opt, critic_opt, exp, cfg, train_policy, gen)
+        metrics = iteration_metrics(exp, stats, it)
+        history.append(metrics)
+        if on_iteration is not None:
+            on_iteration(metrics)
+    return policy, tokenizer, history

@@ -1,0 +1,1 @@
+"""Prompt sampling: tag normalisation and InsTag complexity-first diverse selection."""

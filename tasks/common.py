@@ -1,0 +1,174 @@
+"""What every stage task shares: the run context, the cache, the nested MLflow run, the commit.
+
+`run_stage` is the one place that turns an rlhf_core call into a versioned, cached, tracked
+stage execution:
+  1. cache key = (stage, stage version, config digest, input digests);
+  2. a nested MLflow run under the round's run, with params, input datasets and lineage tags;
+  3. a cache hit returns the earlier artifact (tagged `rlhf.cache=hit`), else `produce` writes
+     into a staging directory which is committed atomically;
+  4. metrics, output tables, plots and models go to MLflow.
+"""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+import time
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Callable
+
+import pandas as pd
+from pydantic import BaseModel, ConfigDict
+
+import rlhf_core
+from rlhf_core.artifacts import ArtifactRef, ArtifactStore, cache_key
+from rlhf_core.config import config_digest
+from tasks.tracking import Tracker
+
+log = logging.getLogger("rlhf")
+
+
+class RunContext(BaseModel):
+    """Everything a task needs to find the store and the round's MLflow run; serialisable."""
+
+    model_config = ConfigDict(frozen=True)
+
+    workdir: str
+    tracking_uri: str
+    experiment: str
+    parent_run_id: str
+    round_name: str
+    flow_run_id: str = ""
+
+    @property
+    def store(self) -> ArtifactStore:
+        return ArtifactStore(Path(self.workdir) / "artifacts")
+
+    @property
+    def tracker(self) -> Tracker:
+        return _tracker(self.tracking_uri, self.experiment, str(Path(self.workdir) / "mlartifacts"))
+
+
+@lru_cache(maxsize=8)
+def _tracker(uri: str, experiment: str, artifact_root: str) -> Tracker:
+    return Tracker(uri, experiment, artifact_root)
+
+
+@lru_cache(maxsize=1)
+def code_version() -> str:
+    """Package version plus the git commit when running from a checkout."""
+    try:
+        sha = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=Path(__file__).parent, capture_output=True, text=True,
+            timeout=5,
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        sha = ""
+    return f"{rlhf_core.__version__}+{sha}" if sha else rlhf_core.__version__
+
+
+@dataclass
+class StageRun:
+    """The nested MLflow run of one stage, handed to `produce` so it can log as it goes."""
+
+    tracker: Tracker
+    run_id: str
+
+    def log_metrics(self, metrics: dict[str, float], step: int = 0) -> None:
+        self.tracker.log_metrics(self.run_id, metrics, step)
+
+    def log_figure(self, fig, name: str) -> None:
+        self.tracker.log_figure(self.run_id, fig, name)
+
+
+Produce = Callable[[Path, StageRun], dict[str, float]]
+
+
+def _prefect_task_run_id() -> str:
+    try:
+        from prefect.runtime import task_run
+
+        return str(task_run.id or "")
+    except Exception:  # outside Prefect (CLI stage runs, tests calling .fn)
+        return ""
+
+
+def run_stage(
+    ctx: RunContext,
+    *,
+    stage: str,
+    version: str,
+    kind: str,
+    config: BaseModel | dict[str, Any],
+    inputs: dict[str, ArtifactRef],
+    produce: Produce,
+    register_as: str | None = None,
+) -> ArtifactRef:
+    """Run (or reuse) one stage execution and return its output artifact."""
+    cfg_dict = config.model_dump(mode="json") if isinstance(config, BaseModel) else dict(config)
+    cfg_digest = config_digest(cfg_dict)
+    key = cache_key(stage, version, cfg_digest, {n: r.digest for n, r in inputs.items()})
+    store, tracker = ctx.store, ctx.tracker
+    tags = {
+        "rlhf.stage": stage,
+        "rlhf.stage_version": version,
+        "rlhf.round": ctx.round_name,
+        "rlhf.cache_key": key,
+        "rlhf.code_version": code_version(),
+        "prefect.flow_run_id": ctx.flow_run_id,
+        "prefect.task_run_id": _prefect_task_run_id(),
+        **{f"rlhf.input.{n}": f"{r.kind}:{r.digest}" for n, r in inputs.items()},
+    }
+    run_id = tracker.start_run(stage, tags, parent_run_id=ctx.parent_run_id)
+    try:
+        tracker.log_params(run_id, cfg_dict)
+        _log_input_tables(tracker, run_id, inputs)
+        hit = store.lookup(key)
+        if hit is not None:
+            log.info("stage %s: cache hit, reusing %s %s", stage, hit.kind, hit.digest[:12])
+            tracker.set_tags(run_id, {"rlhf.cache": "hit", "rlhf.output": f"{hit.kind}:{hit.digest}",
+                                      "rlhf.output_path": hit.path})
+            tracker.log_metrics(run_id, store.manifest(hit).metrics)
+            tracker.end_run(run_id)
+            return hit
+
+        start = time.time()
+        with store.staging() as staged:
+            metrics = dict(produce(staged, StageRun(tracker, run_id)))
+            metrics["time/stage_seconds"] = time.time() - start
+            ref = store.commit(
+                staged, kind=kind, stage=stage, stage_version=version, code_version=code_version(),
+                config=cfg_dict, config_digest=cfg_digest, inputs=inputs, cache_key=key, metrics=metrics,
+            )
+        tracker.log_metrics(run_id, metrics)
+        tracker.set_tags(run_id, {"rlhf.cache": "miss", "rlhf.output": f"{ref.kind}:{ref.digest}",
+                                  "rlhf.output_path": ref.path})
+        _log_outputs(tracker, run_id, ref, register_as, stage)
+        tracker.end_run(run_id)
+        return ref
+    except BaseException:
+        tracker.end_run(run_id, status="FAILED")
+        raise
+
+
+def _log_input_tables(tracker: Tracker, run_id: str, inputs: dict[str, ArtifactRef]) -> None:
+    for name, ref in inputs.items():
+        for table in sorted(Path(ref.path).glob("*.parquet")):
+            df = pd.read_parquet(table)
+            tracker.log_table_input(run_id, df, path=table, name=f"{name}/{table.stem}", digest=ref.digest)
+
+
+def _log_outputs(tracker: Tracker, run_id: str, ref: ArtifactRef, register_as: str | None, stage: str) -> None:
+    root = Path(ref.path)
+    if register_as:
+        tracker.register_model(run_id, root, register_as, alias="candidate",
+                               tags={"rlhf.digest": ref.digest, "rlhf.stage": stage})
+        return
+    for f in sorted(root.iterdir()):
+        if f.is_file() and f.suffix in {".parquet", ".json", ".png", ".csv"}:
+            tracker.log_artifact(run_id, f, "outputs")
+
+
+__all__ = ["RunContext", "StageRun", "run_stage", "config_digest", "code_version"]

@@ -1,0 +1,36 @@
+"""Stage 5: flip incorrect pairs, smooth ambiguous ones, attach adaptive margins."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+
+from rlhf_core.artifacts import ArtifactRef
+from rlhf_core.config import DenoiseConfig
+from rlhf_core.reward.denoise import denoise
+from rlhf_core.schemas import read_table, write_table
+from rlhf_core.sim.metrics import gold_agreement_of_pairs
+from tasks.common import RunContext, StageRun, run_stage
+
+VERSION = "1"
+
+
+@task(name="denoise", version=VERSION, cache_policy=NO_CACHE)
+def denoise_pairs(ctx: RunContext, cfg: DenoiseConfig, comparisons: ArtifactRef, votes: ArtifactRef,
+                  simulated: bool) -> ArtifactRef:
+    """The training pairs of the reward model, with flips, soft labels and margins."""
+
+    def produce(out: Path, run: StageRun) -> dict[str, float]:
+        pairs = read_table("comparisons", comparisons.file("comparisons.parquet"))
+        table, report = denoise(pairs, read_table("votes", votes.file("votes.parquet")), cfg)
+        write_table("denoised", table, out / "denoised.parquet")
+        metrics = {f"denoise/{k}": float(v) for k, v in report.items() if isinstance(v, (int, float))}
+        if simulated:
+            metrics["denoise/gold_agreement_before"] = gold_agreement_of_pairs(pairs)
+            metrics["denoise/gold_agreement_after"] = gold_agreement_of_pairs(table)
+        return metrics
+
+    return run_stage(ctx, stage="denoise", version=VERSION, kind="denoised", config={"denoise": cfg.model_dump()},
+                     inputs={"comparisons": comparisons, "votes": votes}, produce=produce)

@@ -1,0 +1,72 @@
+"""Matplotlib figures logged to MLflow (Agg backend: no display needed)."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+
+def tag_histogram(pool_tags, sampled_tags, top: int = 30):
+    """Tag frequency in the pool vs in the selection (shares), most frequent pool tags first."""
+    pool = Counter(t for ts in pool_tags for t in ts)
+    chosen = Counter(t for ts in sampled_tags for t in ts)
+    names = [t for t, _ in pool.most_common(top)]
+    n_pool, n_sel = max(1, len(pool_tags)), max(1, len(sampled_tags))
+    fig, ax = plt.subplots(figsize=(8, 3.5))
+    x = range(len(names))
+    ax.bar([i - 0.2 for i in x], [pool[t] / n_pool for t in names], width=0.4, label="pool")
+    ax.bar([i + 0.2 for i in x], [chosen[t] / n_sel for t in names], width=0.4, label="sampled")
+    ax.set_xticks(list(x), names, rotation=60, ha="right", fontsize=7)
+    ax.set_ylabel("share of prompts with tag")
+    ax.set_title("Tag frequency before/after sampling")
+    ax.legend()
+    return fig
+
+
+def strength_histogram(means, buckets):
+    """Histogram of preference strength (mean reward difference over the M models) by bucket."""
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    for name in ("incorrect", "ambiguous", "normal"):
+        vals = [m for m, b in zip(means, buckets) if b == name]
+        if vals:
+            ax.hist(vals, bins=30, alpha=0.6, label=f"{name} ({len(vals)})")
+    ax.axvline(0, color="k", lw=0.8)
+    ax.set_xlabel("preference strength (mean r(chosen) - r(rejected))")
+    ax.set_ylabel("pairs")
+    ax.legend()
+    return fig
+
+
+def agreement_by_bucket(shares: dict[str, float]):
+    """Share of pairs whose label agrees with gold, per strength bucket (simulated world only)."""
+    fig, ax = plt.subplots(figsize=(5, 3.2))
+    names = list(shares)
+    ax.bar(names, [shares[n] for n in names], color="tab:green")
+    ax.set_ylim(0, 1)
+    ax.set_ylabel("label agrees with gold")
+    ax.set_title("Agreement with gold by strength bucket")
+    return fig
+
+
+def ppo_curves(history: list[dict], keys=("objective/score", "objective/kl", "objective/entropy", "response/length")):
+    fig, axes = plt.subplots(1, len(keys), figsize=(4 * len(keys), 3))
+    steps = [h.get("iteration", i) for i, h in enumerate(history)]
+    for ax, key in zip(axes, keys):
+        ax.plot(steps, [h.get(key, float("nan")) for h in history])
+        ax.set_title(key)
+        ax.set_xlabel("iteration")
+    fig.tight_layout()
+    return fig
+
+
+def verdict_bars(rates: dict[str, float], title: str):
+    fig, ax = plt.subplots(figsize=(4.5, 3.2))
+    names = ["win", "tie", "lose"]
+    ax.bar(names, [rates.get(f"{n}_rate", 0.0) for n in names], color=["tab:green", "tab:gray", "tab:red"])
+    ax.set_ylim(0, 1)
+    ax.set_title(title)
+    return fig

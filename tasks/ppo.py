@@ -1,0 +1,49 @@
+"""Stage 7: PPO of the policy against the reward model, KL-penalised towards the SFT reference."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+
+from rlhf_core import models
+from rlhf_core.artifacts import ArtifactRef
+from rlhf_core.config import PPOConfig, RewardTrainConfig
+from rlhf_core.ppo.trainer import train_ppo
+from rlhf_core.reward.model import score_texts
+from rlhf_core.schemas import read_table
+from tasks.common import RunContext, StageRun, run_stage
+from tasks.plots import ppo_curves
+
+VERSION = "1"
+
+
+def reward_scorer(reward_dir: str, max_length: int):
+    """(prompts, responses) -> scores, from a saved reward model."""
+    model, tokenizer = models.load_reward_model(reward_dir), models.load_tokenizer(reward_dir)
+    return lambda prompts, responses: score_texts(model, tokenizer, prompts, responses, max_length=max_length)
+
+
+@task(name="ppo", version=VERSION, cache_policy=NO_CACHE)
+def train_policy(ctx: RunContext, cfg: PPOConfig, policy: ArtifactRef, reward_model: ArtifactRef,
+                 world: ArtifactRef, reward_train: RewardTrainConfig, seed: int) -> ArtifactRef:
+    """PPO over the prompt pool; the critic starts from the reward model; curves logged per iteration."""
+
+    def produce(out: Path, run: StageRun) -> dict[str, float]:
+        prompts = read_table("prompts", world.file("prompts.parquet"))["prompt"].tolist()
+        scorer = reward_scorer(reward_model.path, reward_train.max_length)
+        on_iteration = lambda m: run.log_metrics(m, step=int(m["iteration"]))  # noqa: E731
+        model, tokenizer, history = train_ppo(policy.path, scorer, prompts, cfg, seed=seed,
+                                              critic_init_dir=reward_model.path, on_iteration=on_iteration,
+                                              progress=True)
+        models.save_hf(model, tokenizer, out)
+        run.log_figure(ppo_curves(history), "ppo_curves.png")
+        first, last = history[0], history[-1]
+        return {"ppo/score_first": first["objective/score"], "ppo/score_last": last["objective/score"],
+                "ppo/kl_last": last["objective/kl"], "ppo/iterations": len(history)}
+
+    config = {"ppo": cfg.model_dump(), "reward_max_length": reward_train.max_length, "seed": seed}
+    return run_stage(ctx, stage="ppo", version=VERSION, kind="policy", config=config,
+                     inputs={"policy": policy, "reward_model": reward_model, "world": world}, produce=produce,
+                     register_as="rlhf-policy")

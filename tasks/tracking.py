@@ -1,0 +1,132 @@
+"""MLflow tracking with explicit run ids.
+
+MLflow's fluent "active run" is thread-local and Prefect runs tasks in worker threads, so nothing
+here relies on it: every call names its run id through `MlflowClient`. One parent run per round,
+one nested run per stage (`mlflow.parentRunId` tag). Secrets never reach params or tags:
+`flatten_params` drops any key that looks like a credential.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tempfile
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+import mlflow
+import pandas as pd
+from mlflow import MlflowClient
+from mlflow.entities import DatasetInput, InputTag, Metric, Param, RunTag
+
+SECRET_KEY = re.compile(r"(api[_-]?key|token|secret|password|credential)", re.IGNORECASE)
+MAX_PARAM_LEN = 500  # MLflow's limit on a param value
+
+
+def default_tracking_uri(workdir: str | Path) -> str:
+    """An explicit URI wins (env MLFLOW_TRACKING_URI); else a SQLite store under the workdir."""
+    env = os.environ.get("MLFLOW_TRACKING_URI")
+    if env:
+        return env
+    return f"sqlite:///{(Path(workdir).resolve() / 'mlflow.db').as_posix()}"
+
+
+def flatten_params(data: dict[str, Any], prefix: str = "") -> dict[str, str]:
+    """{"ppo": {"kl_coef": 0.05}} -> {"ppo.kl_coef": "0.05"}; secret-looking keys are dropped."""
+    out: dict[str, str] = {}
+    for key, value in data.items():
+        name = f"{prefix}{key}"
+        if SECRET_KEY.search(str(key)):
+            continue
+        if isinstance(value, dict):
+            out.update(flatten_params(value, prefix=f"{name}."))
+        else:
+            out[name] = str(value)[:MAX_PARAM_LEN]
+    return out
+
+
+class Tracker:
+    """The few MLflow operations the pipeline needs, each taking the run id explicitly."""
+
+    def __init__(self, tracking_uri: str, experiment: str, artifact_root: str | Path | None = None):
+        self.tracking_uri = tracking_uri
+        self.client = MlflowClient(tracking_uri=tracking_uri, registry_uri=tracking_uri)
+        exp = self.client.get_experiment_by_name(experiment)
+        if exp is None:
+            # a local store keeps artifacts beside the run files; a tracking server decides for itself
+            local = not tracking_uri.startswith(("http://", "https://", "databricks"))
+            location = Path(artifact_root).resolve().as_uri() if artifact_root and local else None
+            self.experiment_id = self.client.create_experiment(experiment, artifact_location=location)
+        else:
+            self.experiment_id = exp.experiment_id
+
+    # ------------------------------------------------------------ runs
+    def start_run(self, name: str, tags: dict[str, str], parent_run_id: str | None = None) -> str:
+        tags = dict(tags)
+        if parent_run_id:
+            tags["mlflow.parentRunId"] = parent_run_id
+        run = self.client.create_run(self.experiment_id, run_name=name, tags=tags)
+        return run.info.run_id
+
+    def end_run(self, run_id: str, status: str = "FINISHED") -> None:
+        self.client.set_terminated(run_id, status=status)
+
+    # ------------------------------------------------------------ logging
+    def log_params(self, run_id: str, params: dict[str, Any]) -> None:
+        flat = flatten_params(params)
+        items = [Param(k, v) for k, v in flat.items()]
+        for i in range(0, len(items), 100):  # MLflow caps params per batch
+            self.client.log_batch(run_id, params=items[i : i + 100], synchronous=True)
+
+    def log_metrics(self, run_id: str, metrics: dict[str, float], step: int = 0) -> None:
+        now = int(time.time() * 1000)
+        items = [Metric(_metric_name(k), float(v), now, step) for k, v in metrics.items() if _is_number(v)]
+        for i in range(0, len(items), 500):
+            self.client.log_batch(run_id, metrics=items[i : i + 500], synchronous=True)
+
+    def set_tags(self, run_id: str, tags: dict[str, Any]) -> None:
+        items = [RunTag(k, str(v)) for k, v in tags.items() if not SECRET_KEY.search(k)]
+        self.client.log_batch(run_id, tags=items, synchronous=True)
+
+    def log_table_input(self, run_id: str, df: pd.DataFrame, *, path: Path, name: str, digest: str,
+                        context: str = "input") -> None:
+        """Log a table as a run input; the digest is ours, over the full artifact content."""
+        with warnings.catch_warnings():  # a local path matches two equivalent source types: harmless
+            warnings.simplefilter("ignore", UserWarning)
+            dataset = mlflow.data.from_pandas(df, source=str(path), name=name, digest=digest[:36])
+        tag = InputTag(key="mlflow.data.context", value=context)
+        self.client.log_inputs(run_id, datasets=[DatasetInput(dataset._to_mlflow_entity(), tags=[tag])])
+
+    def log_artifacts(self, run_id: str, local_dir: Path, artifact_path: str | None = None) -> None:
+        self.client.log_artifacts(run_id, str(local_dir), artifact_path)
+
+    def log_artifact(self, run_id: str, local_path: Path, artifact_path: str | None = None) -> None:
+        self.client.log_artifact(run_id, str(local_path), artifact_path)
+
+    def log_figure(self, run_id: str, fig, name: str) -> None:
+        with tempfile.TemporaryDirectory() as tmp:
+            path = Path(tmp) / name
+            fig.savefig(path, dpi=100, bbox_inches="tight")
+            self.client.log_artifact(run_id, str(path), "plots")
+
+    def register_model(self, run_id: str, model_dir: Path, name: str, alias: str, tags: dict[str, str]) -> int:
+        """Upload an HF model directory to the run and register it under `name` with `alias`."""
+        self.client.log_artifacts(run_id, str(model_dir), "model")
+        try:
+            self.client.get_registered_model(name)
+        except mlflow.exceptions.MlflowException:
+            self.client.create_registered_model(name)
+        source = f"{self.client.get_run(run_id).info.artifact_uri}/model"
+        version = self.client.create_model_version(name, source=source, run_id=run_id, tags=tags)
+        self.client.set_registered_model_alias(name, alias, version.version)
+        return int(version.version)
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and v == v  # NaN is not logged
+
+
+def _metric_name(name: str) -> str:
+    return re.sub(r"[^\w\-./ ]", "_", name)

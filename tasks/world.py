@@ -1,0 +1,59 @@
+"""The simulated world's bootstrap stages: the prompt pool and the SFT policy.
+
+In a real deployment these are inputs (a prompt set, an SFT checkpoint); in the embedded demo
+they are built here, tracked and cached like every other stage.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+
+from rlhf_core import models
+from rlhf_core.artifacts import ArtifactRef
+from rlhf_core.config import PolicyModelConfig, SFTConfig, WorldConfig
+from rlhf_core.schemas import read_table, write_table
+from rlhf_core.sim.sft import train_sft
+from rlhf_core.sim.world import make_demonstrations, make_prompt_pool
+from tasks.common import RunContext, StageRun, run_stage
+
+WORLD_VERSION = "1"
+SFT_VERSION = "1"
+
+
+@task(name="world", version=WORLD_VERSION, cache_policy=NO_CACHE)
+def build_world(ctx: RunContext, cfg: WorldConfig, seed: int) -> ArtifactRef:
+    """The simulated prompt pool (to sample from) and the held-out evaluation prompts."""
+
+    def produce(out: Path, run: StageRun) -> dict[str, float]:
+        pool = make_prompt_pool(cfg.n_prompts, seed=seed, id_prefix="p")
+        held_out = make_prompt_pool(cfg.n_eval_prompts, seed=seed + 10_000, id_prefix="e")
+        write_table("prompts", pool, out / "prompts.parquet")
+        write_table("prompts", held_out, out / "eval_prompts.parquet")
+        return {"world/n_prompts": len(pool), "world/n_eval_prompts": len(held_out),
+                "world/mean_tags": float(pool["tags"].map(len).mean())}
+
+    return run_stage(ctx, stage="world", version=WORLD_VERSION, kind="prompts",
+                     config={"world": cfg.model_dump(), "seed": seed}, inputs={}, produce=produce)
+
+
+@task(name="sft", version=SFT_VERSION, cache_policy=NO_CACHE)
+def train_sft_policy(ctx: RunContext, world: WorldConfig, model_cfg: PolicyModelConfig, cfg: SFTConfig,
+                     prompts: ArtifactRef, seed: int) -> ArtifactRef:
+    """A tiny Qwen2 policy trained on the noisy demonstrator: the SFT model RLHF starts from."""
+
+    def produce(out: Path, run: StageRun) -> dict[str, float]:
+        pool = read_table("prompts", prompts.file("prompts.parquet"))
+        demos = make_demonstrations(pool, cfg.demos_per_prompt, world.demo_correct_prob, world.demo_style_prob,
+                                    seed=seed)
+        tokenizer = models.build_tokenizer()
+        policy = models.build_policy(model_cfg, tokenizer, seed=seed)
+        metrics = train_sft(policy, tokenizer, demos, cfg, seed=seed, progress=True)
+        models.save_hf(policy, tokenizer, out)
+        return {k: float(v) for k, v in metrics.items()}  # already named sft/...
+
+    config = {"world": world.model_dump(), "model": model_cfg.model_dump(), "sft": cfg.model_dump(), "seed": seed}
+    return run_stage(ctx, stage="sft", version=SFT_VERSION, kind="policy", config=config,
+                     inputs={"prompts": prompts}, produce=produce, register_as="rlhf-sft-policy")

@@ -1,0 +1,97 @@
+"""The artifact store: whole-content digests, atomic commits, cache lookups and lineage."""
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
+import pandas as pd
+import pytest
+
+from rlhf_core.artifacts import ArtifactStore, atomic_write_text, cache_key, content_digest
+from rlhf_core.schemas import read_table, write_table
+
+
+def _commit(store, staged, kind="prompts", inputs=None, key="k"):
+    return store.commit(staged, kind=kind, stage="s", stage_version="1", code_version="t", config={"a": 1},
+                        config_digest="c", inputs=inputs or {}, cache_key=key)
+
+
+def test_digest_covers_every_byte_and_path(tmp_path):
+    a = tmp_path / "a"
+    a.mkdir()
+    (a / "x.bin").write_bytes(b"\0" * 100_000 + b"1")
+    d1, _ = content_digest(a)
+    (a / "x.bin").write_bytes(b"\0" * 100_000 + b"2")  # change the last byte only
+    d2, _ = content_digest(a)
+    (a / "x.bin").rename(a / "y.bin")
+    d3, _ = content_digest(a)
+    assert len({d1, d2, d3}) == 3
+    assert content_digest(a)[0] == d3  # stable
+
+
+def test_commit_lookup_verify_lineage(tmp_path):
+    store = ArtifactStore(tmp_path / "store")
+    with store.staging() as staged:
+        write_table("prompts", pd.DataFrame({"prompt_id": ["p1"], "prompt": ["hi"], "tags": [["a"]],
+                                              "source": ["t"]}), staged / "prompts.parquet")
+        up = _commit(store, staged, key="k1")
+    assert store.lookup("k1") == up and store.verify(up)
+    assert read_table("prompts", up.file("prompts.parquet"))["tags"].tolist() == [["a"]]
+    with store.staging() as staged:
+        (staged / "out.txt").write_text("derived")
+        down = _commit(store, staged, kind="derived", inputs={"prompts": up}, key="k2")
+    lineage = store.lineage(down)
+    assert [m.kind for m in lineage] == ["derived", "prompts"]
+    assert lineage[0].inputs[0].digest == up.digest
+    assert store.lookup("missing") is None
+    # identical content commits to the same artifact
+    with store.staging() as staged:
+        (staged / "out.txt").write_text("derived")
+        again = _commit(store, staged, kind="derived", inputs={"prompts": up}, key="k3")
+    assert again.path == down.path
+    (tmp_path / "store" / "derived" / down.digest / "out.txt").write_text("tampered")
+    assert not store.verify(down)
+
+
+def test_cache_key_depends_on_every_part():
+    base = cache_key("s", "1", "c", {"x": "d"})
+    assert base == cache_key("s", "1", "c", {"x": "d"})
+    assert len({base, cache_key("s", "2", "c", {"x": "d"}), cache_key("s", "1", "c2", {"x": "d"}),
+                cache_key("s", "1", "c", {"x": "e"}), cache_key("t", "1", "c", {"x": "d"})}) == 5
+
+
+def test_killed_stage_leaves_no_artifact(tmp_path):
+    """A process killed while writing into staging leaves nothing under the kind's directory."""
+    root = tmp_path / "store"
+    script = textwrap.dedent(f"""
+        import os, time
+        from rlhf_core.artifacts import ArtifactStore
+        store = ArtifactStore({str(root)!r})
+        with store.staging() as staged:
+            (staged / "big.bin").write_bytes(b"x" * 1000)
+            print("writing", flush=True)
+            time.sleep(60)
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "writing"
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert not (root / "prompts").exists() and not (root / "cache").exists()
+    store = ArtifactStore(root)
+    assert store.lookup("anything") is None
+
+
+def test_atomic_write_text_replaces_whole_file(tmp_path):
+    path = tmp_path / "f.json"
+    atomic_write_text(path, "old")
+    atomic_write_text(path, "new")
+    assert path.read_text() == "new"
+    assert [p.name for p in tmp_path.iterdir()] == ["f.json"]
+
+
+def test_empty_artifact_refused(tmp_path):
+    store = ArtifactStore(tmp_path)
+    with store.staging() as staged, pytest.raises(ValueError, match="empty"):
+        _commit(store, staged)

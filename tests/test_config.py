@@ -1,0 +1,50 @@
+"""Configs fail at the boundary, naming the key and the expected type."""
+
+import pytest
+
+from rlhf_core.config import ConfigError, PPOConfig, RoundConfig, config_digest, load_config, parse_config
+
+
+def test_defaults_validate_and_digest_is_stable():
+    assert config_digest(RoundConfig()) == config_digest(RoundConfig())
+    assert config_digest(RoundConfig(seed=1)) != config_digest(RoundConfig())
+
+
+def test_unknown_key_is_named(tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text("ppo:\n  kl_coeff: 0.1\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    assert "ppo.kl_coeff: unknown key" in str(err.value)
+
+
+def test_wrong_type_names_key_and_expected_type(tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text("ppo:\n  iterations: many\nvoting:\n  n_models: 1\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    msg = str(err.value)
+    assert "ppo.iterations: Input should be a valid integer" in msg and "'many'" in msg
+    assert "voting.n_models: Input should be greater than or equal to 2" in msg
+
+
+def test_overrides_and_cross_field_check(tmp_path):
+    path = tmp_path / "ok.yaml"
+    path.write_text("seed: 3\n")
+    cfg = load_config(path, overrides=["ppo.kl_coef=0.2", "sampling.n_samples=20"])
+    assert cfg.seed == 3 and cfg.ppo.kl_coef == 0.2 and cfg.sampling.n_samples == 20
+    with pytest.raises(ConfigError, match="exceeds world.n_prompts"):
+        parse_config({"world": {"n_prompts": 10}, "sampling": {"n_samples": 11}})
+
+
+def test_configs_are_frozen():
+    cfg = PPOConfig()
+    with pytest.raises(Exception):
+        cfg.kl_coef = 1.0  # type: ignore[misc]
+
+
+def test_shipped_configs_are_valid():
+    from pathlib import Path
+
+    for path in sorted((Path(__file__).parents[1] / "configs").glob("*.yaml")):
+        load_config(path)

@@ -1,0 +1,324 @@
+"""PPO-max: core formulas on hand-computed tensors, the sampler, and the trainer end to end."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from rlhf_core import models
+from rlhf_core.config import PolicyModelConfig, PPOConfig
+from rlhf_core.generation.sampler import decode_responses, response_mask_from_ids, sample_batch
+from rlhf_core.ppo.core import (
+    RunningMoments,
+    explained_variance,
+    gae,
+    kl_penalty,
+    normalize_and_clip,
+    policy_loss,
+    token_rewards,
+    value_loss,
+)
+from rlhf_core.ppo.trainer import build_critic, response_logits, train_ppo
+
+TINY = PolicyModelConfig(
+    hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1
+)
+
+
+# ---------------------------------------------------------------- GAE
+
+
+def gae_loop(rewards, values, mask, gamma, lam):
+    """The reference: one sequence at a time, straight from the definition."""
+    advantages, returns = torch.zeros_like(rewards), torch.zeros_like(rewards)
+    for b in range(rewards.shape[0]):
+        n = int(mask[b].sum())
+        next_adv = 0.0
+        for t in reversed(range(n)):
+            next_value = values[b, t + 1].item() if t + 1 < n else 0.0
+            delta = rewards[b, t].item() + gamma * next_value - values[b, t].item()
+            next_adv = delta + gamma * lam * next_adv
+            advantages[b, t] = next_adv
+            returns[b, t] = next_adv + values[b, t]
+    return advantages, returns
+
+
+def test_gae_by_hand_1x3():
+    rewards, values = torch.tensor([[0.0, 0.0, 1.0]]), torch.tensor([[0.5, 0.5, 0.5]])
+    adv, ret = gae(rewards, values, torch.ones(1, 3), gamma=0.9, lam=0.5)
+    # delta = [-0.05, -0.05, 0.5]; A2 = 0.5, A1 = -0.05 + 0.45 * 0.5, A0 = -0.05 + 0.45 * A1
+    assert torch.allclose(adv, torch.tensor([[0.02875, 0.175, 0.5]]))
+    assert torch.allclose(ret, torch.tensor([[0.52875, 0.675, 1.0]]))
+
+
+def test_gae_value_after_last_response_token_is_zero():
+    rewards, values = torch.tensor([[0.0, 1.0, 7.0]]), torch.tensor([[0.5, 0.5, 9.0]])
+    adv, ret = gae(rewards, values, torch.tensor([[1, 1, 0]]), gamma=1.0, lam=1.0)
+    # the masked third position (reward 7, value 9) contributes nothing: A1 = 1 - 0.5, A0 = 0 + 0.5 - 0.5 + A1
+    assert torch.allclose(adv, torch.tensor([[0.5, 0.5, 0.0]]))
+    assert torch.allclose(ret, torch.tensor([[1.0, 1.0, 0.0]]))
+
+
+def test_gae_matches_loop_on_ragged_masks():
+    g = torch.Generator().manual_seed(0)
+    B, T = 6, 9
+    rewards, values = torch.randn(B, T, generator=g), torch.randn(B, T, generator=g)
+    lengths = torch.tensor([1, 9, 4, 7, 2, 5])
+    mask = (torch.arange(T)[None, :] < lengths[:, None]).long()
+    adv, ret = gae(rewards, values, mask, gamma=0.99, lam=0.95)
+    ref_adv, ref_ret = gae_loop(rewards, values, mask, gamma=0.99, lam=0.95)
+    assert torch.allclose(adv, ref_adv, atol=1e-5)
+    assert torch.allclose(ret, ref_ret, atol=1e-5)
+
+
+# ---------------------------------------------------------------- KL and rewards
+
+
+def test_kl_estimators_by_hand():
+    logp, logp_ref = torch.tensor([math.log(0.5)]), torch.tensor([math.log(0.25)])
+    assert torch.allclose(kl_penalty(logp, logp_ref, "k1"), torch.tensor([math.log(2.0)]))
+    # k3: ratio = 0.25 / 0.5 = 0.5 -> (0.5 - 1) - log 0.5
+    assert torch.allclose(kl_penalty(logp, logp_ref, "k3"), torch.tensor([-0.5 + math.log(2.0)]))
+    with pytest.raises(ValueError, match="k2"):
+        kl_penalty(logp, logp_ref, "k2")
+
+
+def test_k3_is_nonnegative():
+    g = torch.Generator().manual_seed(1)
+    logp, logp_ref = torch.randn(4, 50, generator=g) * 3, torch.randn(4, 50, generator=g) * 3
+    assert (kl_penalty(logp, logp_ref, "k3") >= 0).all()
+
+
+def test_token_rewards_place_score_at_last_response_token():
+    mask = torch.tensor([[1, 1, 1, 0], [1, 0, 0, 0]])
+    logp_ref = torch.full((2, 4), -2.0)
+    rewards, kl = token_rewards(torch.tensor([2.0, -1.0]), logp_ref + 0.1, logp_ref, mask, 0.5, "k1")
+    assert torch.allclose(kl, 0.1 * mask)
+    expected = torch.tensor([[-0.05, -0.05, -0.05 + 2.0, 0.0], [-0.05 - 1.0, 0.0, 0.0, 0.0]])
+    assert torch.allclose(rewards, expected)
+
+
+def test_running_moments_match_numpy():
+    rng = np.random.default_rng(0)
+    batches = [rng.normal(3.0, 2.0, size=n) for n in (5, 1, 17, 8)]
+    moments = RunningMoments()
+    for b in batches:
+        moments.update(torch.tensor(b, dtype=torch.float32))
+    seen = np.concatenate(batches)
+    assert moments.count == len(seen)
+    assert moments.mean == pytest.approx(seen.mean(), rel=1e-6)
+    assert moments.std == pytest.approx(seen.std(), rel=1e-6)
+
+
+def test_normalize_and_clip():
+    moments = RunningMoments()
+    out = normalize_and_clip(torch.tensor([1.0, 2.0, 3.0, 100.0]), moments, clip=1.5)
+    assert moments.count == 4
+    seen = np.array([1.0, 2.0, 3.0, 100.0])
+    expected = np.clip((seen - seen.mean()) / seen.std(), -1.5, 1.5)
+    assert torch.allclose(out, torch.tensor(expected, dtype=torch.float32))
+
+
+# ---------------------------------------------------------------- losses
+
+
+def test_policy_loss_unclipped_and_clipped_by_hand():
+    # token 0: ratio 1.1, A = 2 -> inside the clip: -2.2
+    # token 1: ratio 1.5, A = 1 -> clipped at 1.2: max(-1.5, -1.2) = -1.2
+    # token 2: ratio 0.5, A = -1 -> clipped at 0.8: max(0.5, 0.8) = 0.8
+    # token 3: masked out
+    ratio = torch.tensor([[1.1, 1.5, 0.5, 9.0]])
+    old_logp = torch.full((1, 4), -1.0)
+    advantages = torch.tensor([[2.0, 1.0, -1.0, 5.0]])
+    mask = torch.tensor([[1, 1, 1, 0]])
+    loss, metrics = policy_loss(old_logp + ratio.log(), old_logp, advantages, mask, clip_coef=0.2)
+    assert loss.item() == pytest.approx((-2.2 - 1.2 + 0.8) / 3)
+    assert metrics["clipfrac"] == pytest.approx(2 / 3)
+    r = np.array([1.1, 1.5, 0.5])
+    assert metrics["approx_kl"] == pytest.approx(np.mean((r - 1) - np.log(r)), rel=1e-5)
+
+
+def test_policy_loss_gradient_vanishes_when_clipped():
+    logp = torch.tensor([[math.log(1.5)]], requires_grad=True)
+    loss, _ = policy_loss(logp, torch.zeros(1, 1), torch.ones(1, 1), torch.ones(1, 1), clip_coef=0.2)
+    loss.backward()
+    assert logp.grad.item() == 0.0
+
+
+def test_value_loss_clipping():
+    returns, old_values, mask = torch.tensor([[2.0, 2.0]]), torch.tensor([[1.0, 1.0]]), torch.tensor([[1, 1]])
+    values = torch.tensor([[1.5, 1.1]])
+    # token 0: moved 0.5 > 0.2 -> clipped to 1.2: max(0.25, 0.64) = 0.64; token 1: inside, 0.81 both ways
+    loss, metrics = value_loss(values, old_values, returns, mask, value_clip=0.2, clip_vloss=True)
+    assert loss.item() == pytest.approx(0.5 * (0.64 + 0.81) / 2)
+    assert metrics["clipfrac"] == pytest.approx(0.5)
+    assert metrics["error"] == pytest.approx((0.25 + 0.81) / 2)
+    loss, _ = value_loss(values, old_values, returns, mask, value_clip=0.2, clip_vloss=False)
+    assert loss.item() == pytest.approx(0.5 * (0.25 + 0.81) / 2)
+
+
+def test_explained_variance():
+    returns, mask = torch.tensor([[1.0, 2.0, 3.0, 50.0]]), torch.tensor([[1, 1, 1, 0]])
+    assert explained_variance(returns, returns, mask) == pytest.approx(1.0)
+    assert explained_variance(torch.full((1, 4), 2.0), returns, mask) == pytest.approx(0.0)
+
+
+# ---------------------------------------------------------------- sampler
+
+
+@pytest.fixture(scope="module")
+def tiny_policy_dir(tmp_path_factory):
+    out = tmp_path_factory.mktemp("policy")
+    tok = models.build_tokenizer()
+    models.save_hf(models.build_policy(TINY, tok, seed=0), tok, out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    tok = models.build_tokenizer()
+    return models.build_policy(TINY, tok, seed=0).eval(), tok
+
+
+QUERIES = ["Q: a\nA:", "Q: a much longer query\nA:", "Q: mid size\nA:"]
+
+
+def test_response_mask_stops_after_first_eos():
+    ids = torch.tensor([[5, 1, 7, 1], [5, 6, 7, 8], [1, 0, 0, 0]])
+    assert response_mask_from_ids(ids, eos_token_id=1).tolist() == [[1, 1, 0, 0], [1, 1, 1, 1], [1, 0, 0, 0]]
+
+
+def test_sample_batch_left_pads_queries(tiny):
+    model, tok = tiny
+    assert tok.padding_side == "right"  # the default stays as it was
+    out = sample_batch(model, tok, QUERIES, max_new_tokens=4, generator_seed=0)
+    lengths = [len(q.encode()) for q in QUERIES]  # byte-level: one token per byte, no eos appended
+    assert out.query_mask.sum(1).tolist() == lengths
+    assert (out.query_mask[:, -1] == 1).all()  # every query ends at the last column
+    for row, n in zip(range(3), lengths):
+        assert (out.query_ids[row, : out.query_ids.shape[1] - n] == tok.pad_token_id).all()
+        assert tok.decode(out.query_ids[row, -n:]) == QUERIES[row]
+    assert tok.padding_side == "right"
+
+
+def test_sample_batch_deterministic_for_a_seed(tiny):
+    model, tok = tiny
+    a = sample_batch(model, tok, QUERIES, max_new_tokens=8, top_p=0.9, generator_seed=3)
+    b = sample_batch(model, tok, QUERIES, max_new_tokens=8, top_p=0.9, generator_seed=3)
+    c = sample_batch(model, tok, QUERIES, max_new_tokens=8, top_p=0.9, generator_seed=4)
+    assert torch.equal(a.response_ids, b.response_ids) and a.texts == b.texts
+    assert not torch.equal(a.response_ids, c.response_ids)
+
+
+def test_greedy_is_reproducible_and_matches_the_full_forward(tiny):
+    model, tok = tiny
+    a = sample_batch(model, tok, QUERIES, max_new_tokens=6, temperature=0.0)
+    b = sample_batch(model, tok, QUERIES, max_new_tokens=6, temperature=0.0)
+    assert torch.equal(a.response_ids, b.response_ids)
+    # KV-cache generation and one full forward with left padding + position ids agree:
+    # every greedy token is the argmax of the logits the trainer computes for it.
+    with torch.no_grad():
+        logits = response_logits(model, a, temperature=1.0)
+    mask = a.response_mask.bool()
+    assert torch.equal(logits.argmax(-1)[mask], a.response_ids[mask])
+
+
+def test_left_padding_does_not_change_logprobs(tiny):
+    model, tok = tiny
+    batch = sample_batch(model, tok, QUERIES, max_new_tokens=5, generator_seed=0)
+    with torch.no_grad():
+        batched = response_logits(model, batch, temperature=1.0)
+        alone = sample_batch(model, tok, QUERIES[:1], max_new_tokens=5, generator_seed=0)
+        alone.response_ids = batch.response_ids[:1]
+        alone.response_mask = batch.response_mask[:1]
+        single = response_logits(model, alone, temperature=1.0)
+    assert torch.allclose(batched[0], single[0], atol=1e-4)
+
+
+def test_sampled_responses_end_at_eos(tiny):
+    _, tok = tiny
+    # A head that ignores the state: p(eos) ~ 1/8 per token, so most rows stop early.
+    model = models.build_policy(TINY, tok, seed=0).eval()
+    model.lm_head = torch.nn.Linear(TINY.hidden_size, len(tok), bias=True)
+    torch.nn.init.zeros_(model.lm_head.weight)
+    torch.nn.init.zeros_(model.lm_head.bias)
+    model.lm_head.bias.data[tok.eos_token_id] = math.log(383 / 7)
+    out = sample_batch(model, tok, ["Q: x\nA:"] * 16, max_new_tokens=12, generator_seed=0)
+    is_eos = out.response_ids == tok.eos_token_id
+    stopped = is_eos.any(1)
+    assert 0 < stopped.sum() < 16
+    for ids, mask, text, stop in zip(out.response_ids, out.response_mask, out.texts, stopped):
+        n = int(mask.sum())
+        if stop:
+            assert ids[n - 1] == tok.eos_token_id and (ids[:n - 1] != tok.eos_token_id).all()
+            assert (ids[n:] == tok.pad_token_id).all()
+        else:
+            assert n == ids.shape[0]
+        assert "</s>" not in text and "<pad>" not in text
+    assert decode_responses(tok, out.response_ids, out.response_mask) == out.texts
+
+
+# ---------------------------------------------------------------- trainer
+
+
+def lowercase_fraction(prompts, responses):
+    """A hand-made reward: the share of the 8 response tokens that are lowercase letters."""
+    return torch.tensor([sum(ch.islower() for ch in r) / 8 for r in responses], dtype=torch.float32)
+
+
+def test_train_ppo_raises_the_score(tiny_policy_dir):
+    cfg = PPOConfig(
+        iterations=15, rollout_prompts=16, max_new_tokens=8, mini_batch_size=16,
+        policy_lr=1e-2, critic_warmup_iterations=1, top_p=1.0,
+    )  # fmt: skip
+    seen = []
+    prompts = [f"prompt {i}" for i in range(20)]
+    policy, tokenizer, history = train_ppo(
+        tiny_policy_dir, lowercase_fraction, prompts, cfg, seed=0, on_iteration=seen.append
+    )
+    assert seen == history and [m["iteration"] for m in history] == list(range(15))
+    assert set(history[0]) == {
+        "objective/score", "objective/kl", "objective/entropy", "policy/approx_kl", "policy/clipfrac",
+        "loss/policy", "loss/value", "value/explained_variance", "value/error", "response/length", "iteration",
+    }  # fmt: skip
+    scores = [m["objective/score"] for m in history]
+    # a random byte policy starts near 26/384 ~ 0.07; after PPO it writes mostly lowercase
+    assert np.mean(scores[-3:]) > np.mean(scores[:3]) + 0.3, scores
+    assert history[0]["objective/kl"] == 0.0  # the first rollout is sampled from the reference itself
+    assert history[0]["loss/policy"] == 0.0  # critic warm-up: the policy is not updated
+    kl = history[-1]["objective/kl"]
+    assert math.isfinite(kl) and kl > 0
+    assert isinstance(policy, torch.nn.Module) and tokenizer.eos_token_id == 1
+
+
+def test_train_ppo_is_deterministic_and_vanilla_switches_run(tiny_policy_dir):
+    cfg = PPOConfig(
+        iterations=2, rollout_prompts=4, max_new_tokens=6, mini_batch_size=4, critic_warmup_iterations=0,
+        reward_norm=False, norm_adv=False, clip_vloss=False, kl_estimator="k3",
+    )  # fmt: skip
+    prompts = ["a", "b", "c"]
+    _, _, h1 = train_ppo(tiny_policy_dir, lowercase_fraction, prompts, cfg, seed=7)
+    _, _, h2 = train_ppo(tiny_policy_dir, lowercase_fraction, prompts, cfg, seed=7, progress=True)
+    assert h1 == h2
+    assert all(math.isfinite(v) for m in h1 for k, v in m.items() if k != "value/explained_variance")
+
+
+def test_critic_initialised_from_the_reward_model(tiny_policy_dir, tmp_path):
+    tok = models.build_tokenizer()
+    reward_model = models.reward_model_from_policy(tiny_policy_dir, seed=5)
+    models.save_hf(reward_model, tok, tmp_path / "rm")
+    critic = build_critic(tiny_policy_dir, tmp_path / "rm")
+    assert torch.equal(critic.value_head.weight, reward_model.score.weight)
+    assert torch.equal(critic.value_head.bias, torch.zeros(1))
+    # so the critic's value at the last token is the reward model's score
+    enc = tok(["Q: x\nA: yes"], add_special_tokens=False, return_tensors="pt")
+    position_ids = torch.arange(enc.input_ids.shape[1])[None]
+    with torch.no_grad():
+        values = critic(enc.input_ids, enc.attention_mask, position_ids)  # (1, T)
+        score = reward_model(**enc).logits  # (1, 1)
+    assert torch.allclose(values[:, -1], score[:, 0], atol=1e-5)
+    # without a reward model the critic starts from the policy's backbone
+    policy = models.load_policy(tiny_policy_dir)
+    from_policy = build_critic(tiny_policy_dir, None)
+    assert torch.equal(from_policy.backbone.embed_tokens.weight, policy.model.embed_tokens.weight)
