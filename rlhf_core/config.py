@@ -30,8 +30,12 @@ class ConfigError(ValueError):
 class WorldConfig(StrictModel):
     """The embedded simulated world: prompts with tags, hidden gold preference, annotators."""
 
-    n_prompts: int = Field(800, ge=10, description="size of the prompt pool the sampler draws from")
-    n_eval_prompts: int = Field(64, ge=4, description="held-out prompts for RM accuracy and judging")
+    n_prompts: int = Field(4000, ge=10, description="size of the prompt pool the sampler draws from")
+    n_eval_prompts: int = Field(200, ge=4, description="held-out prompts for RM accuracy and judging")
+    max_operand: int = Field(
+        4, ge=1, le=9, description="operands are 0..max_operand: small enough that a tiny RM can verify answers"
+    )
+    operations: tuple[Literal["+", "-", "*"], ...] = Field(("+", "-"), min_length=1)
     demo_correct_prob: float = Field(0.55, ge=0, le=1, description="demonstrator gives the right number")
     demo_style_prob: float = Field(0.5, ge=0, le=1, description="demonstrator follows each style tag")
     n_annotators: int = Field(6, ge=1, description="simulated crowd size")
@@ -57,7 +61,7 @@ class PolicyModelConfig(StrictModel):
 
 class SFTConfig(StrictModel):
     demos_per_prompt: int = Field(3, ge=1)
-    steps: int = Field(400, ge=1)
+    steps: int = Field(1200, ge=1)
     batch_size: int = Field(32, ge=1)
     lr: float = Field(3e-3, gt=0)
 
@@ -68,7 +72,7 @@ class SFTConfig(StrictModel):
 class SamplingConfig(StrictModel):
     """InsTag complexity-first diverse sampling of prompts to annotate."""
 
-    n_samples: int = Field(160, ge=1, description="budget: prompts sent to annotation")
+    n_samples: int = Field(2000, ge=1, description="budget: prompts sent to annotation")
     min_tag_count: int = Field(1, ge=1, description="tags seen fewer times than this are dropped")
 
 
@@ -138,17 +142,17 @@ class RewardConfig(StrictModel):
 class PPOConfig(StrictModel):
     """PPO with a token-level KL penalty. Each trick is a named switch (PPO-max defaults)."""
 
-    iterations: int = Field(30, ge=1, description="rollout + update rounds")
+    iterations: int = Field(60, ge=1, description="rollout + update rounds")
     rollout_prompts: int = Field(32, ge=1, description="prompts per rollout")
     responses_per_prompt: int = Field(2, ge=1, description="PPO-max samples two responses per query")
     ppo_epochs: int = Field(2, ge=1)
     mini_batch_size: int = Field(16, ge=1)
-    policy_lr: float = Field(3e-4, gt=0)
+    policy_lr: float = Field(1e-4, gt=0)
     critic_lr: float = Field(1e-3, gt=0)
     max_new_tokens: int = Field(24, ge=1)
     temperature: float = Field(1.0, gt=0)
     top_p: float = Field(0.9, gt=0, le=1, description="nucleus sampling")
-    kl_coef: float = Field(0.05, ge=0, description="token-level KL penalty against the reference (SFT)")
+    kl_coef: float = Field(0.3, ge=0, description="token-level KL penalty against the reference (SFT)")
     kl_estimator: Literal["k1", "k3"] = "k1"
     gamma: float = Field(1.0, ge=0, le=1)
     lam: float = Field(0.95, ge=0, le=1)
@@ -168,7 +172,7 @@ class EvalConfig(StrictModel):
     """Pairwise judging of the new policy against SFT on held-out prompts, both orders."""
 
     judge: Literal["oracle"] = "oracle"
-    n_prompts: int = Field(64, ge=1)
+    n_prompts: int = Field(200, ge=1)
     max_new_tokens: int = Field(24, ge=1)
     temperature: float = Field(0.0, ge=0, description="0 = greedy responses for judging")
     tie_margin: float = Field(0.25, ge=0, description="oracle: |gold difference| below this is a tie")
@@ -218,6 +222,8 @@ def _format_errors(err: ValidationError, source: str) -> str:
         key = ".".join(str(p) for p in e["loc"]) or "<root>"
         if e["type"] == "extra_forbidden":
             lines.append(f"  {key}: unknown key (check the spelling; `rlhf schema` lists every key)")
+        elif not e["loc"]:  # a check across several keys: its message names them
+            lines.append(f"  {e['msg'].removeprefix('Value error, ')}")
         else:
             got = e.get("input")
             got_s = repr(got) if not isinstance(got, dict) else "a mapping"

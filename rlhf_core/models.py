@@ -6,23 +6,23 @@ Every model this project writes reloads with plain transformers
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
 import torch
 import transformers
+from tokenizers import Tokenizer, decoders, pre_tokenizers
+from tokenizers import models as tokenizer_models
 from transformers import (
     AutoModelForCausalLM,
     AutoModelForSequenceClassification,
     AutoTokenizer,
-    ByT5Tokenizer,
     PreTrainedTokenizerBase,
+    PreTrainedTokenizerFast,
     Qwen2Config,
     Qwen2ForCausalLM,
 )
-
-from transformers.models.auto.tokenization_auto import tokenizer_class_from_name
+from transformers.convert_slow_tokenizer import bytes_to_unicode
 
 from rlhf_core.config import PolicyModelConfig
 
@@ -34,8 +34,19 @@ QUERY_TEMPLATE = "Q: {prompt}\nA:"
 
 
 def build_tokenizer() -> PreTrainedTokenizerBase:
-    """The offline tokenizer of the simulated world: byte-level ByT5 (needs no files). pad=0, eos=1."""
-    return ByT5Tokenizer()
+    """The offline tokenizer of the simulated world: one token per byte, needs no files.
+
+    Ids are ByT5's (pad=0, eos=1, unk=2, byte b -> b + 3), but it is built with `tokenizers` and
+    saved as tokenizer.json, so plain `AutoTokenizer.from_pretrained` reloads it exactly (a saved
+    ByT5Tokenizer next to a Qwen2 config would be loaded as an empty Qwen2Tokenizer).
+    """
+    byte_to_char = bytes_to_unicode()  # the printable stand-in of each byte, as in GPT-2
+    vocab = {"<pad>": 0, "</s>": 1, "<unk>": 2} | {byte_to_char[b]: b + 3 for b in range(256)}
+    backend = Tokenizer(tokenizer_models.BPE(vocab=vocab, merges=[], unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    backend.decoder = decoders.ByteLevel()
+    return PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="<pad>", eos_token="</s>",
+                                   unk_token="<unk>")
 
 
 def build_policy(cfg: PolicyModelConfig, tokenizer: PreTrainedTokenizerBase, seed: int = 0) -> Qwen2ForCausalLM:
@@ -67,16 +78,7 @@ def format_query(tokenizer: PreTrainedTokenizerBase, prompt: str) -> str:
 
 
 def load_tokenizer(path: str | Path) -> PreTrainedTokenizerBase:
-    """The tokenizer class the directory names in tokenizer_config.json, else AutoTokenizer.
-
-    Why not AutoTokenizer alone: transformers 5 distrusts the stated tokenizer class for some
-    model types (qwen2 among them) and would load our ByT5 tokenizer as an empty Qwen2Tokenizer
-    that turns every text into no tokens.
-    """
-    cfg_file = Path(path) / "tokenizer_config.json"
-    name = json.loads(cfg_file.read_text()).get("tokenizer_class") if cfg_file.is_file() else None
-    cls = tokenizer_class_from_name(name) if name else None
-    tok = (cls or AutoTokenizer).from_pretrained(str(path))
+    tok = AutoTokenizer.from_pretrained(str(path))
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
     return tok

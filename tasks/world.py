@@ -28,8 +28,9 @@ def build_world(ctx: RunContext, cfg: WorldConfig, seed: int) -> ArtifactRef:
     """The simulated prompt pool (to sample from) and the held-out evaluation prompts."""
 
     def produce(out: Path, run: StageRun) -> dict[str, float]:
-        pool = make_prompt_pool(cfg.n_prompts, seed=seed, id_prefix="p")
-        held_out = make_prompt_pool(cfg.n_eval_prompts, seed=seed + 10_000, id_prefix="e")
+        kwargs = {"max_operand": cfg.max_operand, "ops": cfg.operations}
+        pool = make_prompt_pool(cfg.n_prompts, seed=seed, id_prefix="p", **kwargs)
+        held_out = make_prompt_pool(cfg.n_eval_prompts, seed=seed + 10_000, id_prefix="e", **kwargs)
         write_table("prompts", pool, out / "prompts.parquet")
         write_table("prompts", held_out, out / "eval_prompts.parquet")
         return {"world/n_prompts": len(pool), "world/n_eval_prompts": len(held_out),

@@ -48,3 +48,9 @@ def test_shipped_configs_are_valid():
 
     for path in sorted((Path(__file__).parents[1] / "configs").glob("*.yaml")):
         load_config(path)
+
+
+def test_demo_yaml_is_the_embedded_default():
+    from pathlib import Path
+
+    assert load_config(Path(__file__).parents[1] / "configs" / "demo.yaml") == RoundConfig()

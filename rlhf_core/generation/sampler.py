@@ -71,7 +71,7 @@ def sample_batch(
     `top_k=0` means no top-k filter.
     """
     # Left padding whatever the tokenizer's default: generation appends at the right edge.
-    # add_special_tokens=False: ByT5 would otherwise append eos to every query.
+    # add_special_tokens=False: many tokenizers would otherwise append eos (or prepend bos) to a query.
     enc = tokenizer(
         queries, add_special_tokens=False, padding=True, padding_side="left", return_tensors="pt"
     )

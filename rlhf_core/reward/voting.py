@@ -16,6 +16,7 @@ from itertools import combinations
 from pathlib import Path
 
 import numpy as np
+from tqdm.auto import tqdm
 import pandas as pd
 
 from rlhf_core.config import VotingConfig
@@ -78,8 +79,8 @@ def vote(
     t0 = time.perf_counter()
     diffs = np.zeros((len(pairs), cfg.n_models))  # (N, M)
     train_acc = []
-    for k in range(cfg.n_models):
-        model, tokenizer, metrics = train_reward_model(init_dir, pairs, cfg.train, model_seed(seed, k), progress)
+    for k in tqdm(range(cfg.n_models), desc="vote", unit="model", disable=not progress):
+        model, tokenizer, metrics = train_reward_model(init_dir, pairs, cfg.train, model_seed(seed, k))
         diffs[:, k] = pair_reward_diffs(model, tokenizer, pairs, cfg.train.max_length)
         train_acc.append(metrics["accuracy"])
         del model

@@ -49,7 +49,7 @@ FREE_LENGTH = 22  # the longest ideal response is 21 bytes
 # ---------------------------------------------------------------- prompt grammar
 
 OPS = {"+": "add", "-": "sub", "*": "mul"}
-MAX_OPERAND = 9  # operands are digits 0..MAX_OPERAND
+MAX_OPERAND = 9  # operands are digits 0..max_operand; the demo config narrows it (WorldConfig)
 TEMPLATES = ("What is {e}?", "Compute {e}.", "Calculate {e}.", "{e} = ?")
 STYLES = ("brief", "polite", "show-work", "words")
 STYLE_PHRASES = {"brief": "Be brief.", "polite": "Be polite.", "show-work": "Show work.", "words": "Use words."}
@@ -145,24 +145,29 @@ def _draw_styles(rng: random.Random, truth: int) -> list[str]:
             return sorted(styles, key=STYLES.index)
 
 
-def make_prompt(rng: random.Random) -> tuple[str, list[str]]:
+def make_prompt(rng: random.Random, max_operand: int = MAX_OPERAND, ops: tuple[str, ...] = tuple(OPS)
+                ) -> tuple[str, list[str]]:
     """One random prompt and its tags: [operation, *result tags, *style tags] (1 to 5 tags)."""
-    a, b, op = rng.randint(0, MAX_OPERAND), rng.randint(0, MAX_OPERAND), rng.choice(tuple(OPS))
+    a, b, op = rng.randint(0, max_operand), rng.randint(0, max_operand), rng.choice(ops)
     styles = _draw_styles(rng, Problem(a, op, b, ()).truth)
     text = rng.choice(TEMPLATES).format(e=f"{a}{op}{b}")
     text = " ".join([text] + [STYLE_PHRASES[s] for s in styles])
     return text, [OPS[op]] + _result_tags(a, op, b) + styles
 
 
-def make_prompt_pool(n: int, seed: int, id_prefix: str = "p") -> pd.DataFrame:
+def make_prompt_pool(n: int, seed: int, id_prefix: str = "p", max_operand: int = MAX_OPERAND,
+                     ops: tuple[str, ...] = tuple(OPS)) -> pd.DataFrame:
     """A `prompts` table of n prompts: prompt_id f"{id_prefix}{i:05d}", prompt, tags, source="sim".
 
     Deterministic for a seed; draw eval prompts with another seed and id_prefix="e".
+    `max_operand` and `ops` set how hard the arithmetic is (gold reads both from the text).
     """
+    if not 0 <= max_operand <= 9 or not ops or set(ops) - set(OPS):
+        raise ValueError(f"max_operand must be 0..9 and ops a non-empty subset of {tuple(OPS)}")
     rng = random.Random(seed)
     rows = []
     for i in range(n):
-        text, tags = make_prompt(rng)
+        text, tags = make_prompt(rng, max_operand, tuple(ops))
         rows.append({"prompt_id": f"{id_prefix}{i:05d}", "prompt": text, "tags": tags, "source": "sim"})
     return pd.DataFrame(rows, columns=["prompt_id", "prompt", "tags", "source"])
 
