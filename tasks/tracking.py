@@ -93,11 +93,14 @@ class Tracker:
     def log_table_input(self, run_id: str, df: pd.DataFrame, *, path: Path, name: str, digest: str,
                         context: str = "input") -> None:
         """Log a table as a run input; the digest is ours, over the full artifact content."""
-        with warnings.catch_warnings():  # a local path matches two equivalent source types: harmless
+        # MLflow warns that a local path matches two equivalent source types and that integer
+        # columns cannot hold missing values (ours never do): harmless here, noise on the console.
+        with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)
             dataset = mlflow.data.from_pandas(df, source=str(path), name=name, digest=digest[:36])
+            entity = dataset._to_mlflow_entity()
         tag = InputTag(key="mlflow.data.context", value=context)
-        self.client.log_inputs(run_id, datasets=[DatasetInput(dataset._to_mlflow_entity(), tags=[tag])])
+        self.client.log_inputs(run_id, datasets=[DatasetInput(entity, tags=[tag])])
 
     def log_artifacts(self, run_id: str, local_dir: Path, artifact_path: str | None = None) -> None:
         self.client.log_artifacts(run_id, str(local_dir), artifact_path)
