@@ -107,8 +107,8 @@ def rlhf_round(config: RoundConfig = RoundConfig(), stop_after: StageName | None
         if done("reward", train_reward(ctx, config.reward, out["denoise"], out["sft"], out["world"], seed,
                                        simulated)):
             return finish_round(ctx, out)
-        if done("ppo", train_policy(ctx, config.ppo, out["sft"], out["reward"], out["world"], config.reward.train,
-                                    seed)):
+        if done("ppo", train_policy(ctx, config.ppo, out["sft"], out["reward"], out["world"], out["sft"],
+                                    config.reward.train, seed)):
             return finish_round(ctx, out)
         done("evaluate", evaluate(ctx, config.evaluation, out["ppo"], out["sft"], out["reward"], out["world"],
                                   config.reward.train, seed))

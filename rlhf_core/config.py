@@ -166,6 +166,10 @@ class PPOConfig(StrictModel):
     max_grad_norm: float = Field(1.0, gt=0, description="global gradient clipping")
     critic_warmup_iterations: int = Field(2, ge=0, description="train the critic alone first")
     critic_from_reward_model: bool = Field(True, description="initialise the critic from the reward model")
+    ptx_coef: float = Field(
+        0.0, ge=0, description="weight of the LM loss on pretraining/SFT data mixed into the policy loss (0 = off)"
+    )
+    ptx_batch_size: int = Field(16, ge=1)
 
 
 class EvalConfig(StrictModel):
@@ -196,8 +200,9 @@ class RoundConfig(StrictModel):
     denoise: DenoiseConfig = DenoiseConfig()
     reward: RewardConfig = RewardConfig()
     # The demo's reward model learns style (~90 % accurate) but barely verifies arithmetic
-    # (~57 %), so a strong KL anchor keeps PPO from trading correct answers for reward noise.
-    ppo: PPOConfig = PPOConfig(iterations=60, kl_coef=1.0, policy_lr=1e-4)
+    # (~57 %): a strong KL anchor and the ptx loss on the SFT demonstrations keep PPO from
+    # trading correct answers for reward-model noise (without them gold fell on some seeds).
+    ppo: PPOConfig = PPOConfig(iterations=60, kl_coef=1.0, policy_lr=1e-4, ptx_coef=1.0)
     evaluation: EvalConfig = EvalConfig()
 
     @model_validator(mode="after")

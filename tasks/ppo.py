@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pandas as pd
+
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
@@ -27,16 +29,20 @@ def reward_scorer(reward_dir: str, max_length: int):
 
 @task(name="ppo", version=VERSION, cache_policy=NO_CACHE)
 def train_policy(ctx: RunContext, cfg: PPOConfig, policy: ArtifactRef, reward_model: ArtifactRef,
-                 world: ArtifactRef, reward_train: RewardTrainConfig, seed: int) -> ArtifactRef:
+                 world: ArtifactRef, sft: ArtifactRef, reward_train: RewardTrainConfig, seed: int) -> ArtifactRef:
     """PPO over the prompt pool; the critic starts from the reward model; curves logged per iteration."""
 
     def produce(out: Path, run: StageRun) -> dict[str, float]:
         prompts = read_table("prompts", world.file("prompts.parquet"))["prompt"].tolist()
         scorer = reward_scorer(reward_model.path, reward_train.max_length)
         on_iteration = lambda m: run.log_metrics(m, step=int(m["iteration"]))  # noqa: E731
+        ptx = None
+        if cfg.ptx_coef > 0:  # PPO-max's pretraining loss, on the demonstrations the SFT policy learned
+            demos = pd.read_parquet(sft.file("demonstrations.parquet"))
+            ptx = list(zip(demos["prompt"], demos["response"]))
         model, tokenizer, history = train_ppo(policy.path, scorer, prompts, cfg, seed=seed,
                                               critic_init_dir=reward_model.path, on_iteration=on_iteration,
-                                              progress=True)
+                                              progress=True, ptx_examples=ptx)
         models.save_hf(model, tokenizer, out)
         run.log_figure(ppo_curves(history), "ppo_curves.png")
         first, last = history[0], history[-1]
@@ -45,5 +51,5 @@ def train_policy(ctx: RunContext, cfg: PPOConfig, policy: ArtifactRef, reward_mo
 
     config = {"ppo": cfg.model_dump(), "reward_max_length": reward_train.max_length, "seed": seed}
     return run_stage(ctx, stage="ppo", version=VERSION, kind="policy", config=config,
-                     inputs={"policy": policy, "reward_model": reward_model, "world": world}, produce=produce,
+                     inputs={"policy": policy, "reward_model": reward_model, "world": world, "sft": sft}, produce=produce,
                      register_as="rlhf-policy")

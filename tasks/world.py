@@ -15,12 +15,12 @@ from rlhf_core import models
 from rlhf_core.artifacts import ArtifactRef
 from rlhf_core.config import PolicyModelConfig, SFTConfig, WorldConfig
 from rlhf_core.schemas import read_table, write_table
-from rlhf_core.sim.sft import train_sft
+from rlhf_core.sft import train_sft
 from rlhf_core.sim.world import make_demonstrations, make_prompt_pool
 from tasks.common import RunContext, StageRun, run_stage
 
 WORLD_VERSION = "1"
-SFT_VERSION = "1"
+SFT_VERSION = "2"
 
 
 @task(name="world", version=WORLD_VERSION, cache_policy=NO_CACHE)
@@ -53,6 +53,7 @@ def train_sft_policy(ctx: RunContext, world: WorldConfig, model_cfg: PolicyModel
         policy = models.build_policy(model_cfg, tokenizer, seed=seed)
         metrics = train_sft(policy, tokenizer, demos, cfg, seed=seed, progress=True)
         models.save_hf(policy, tokenizer, out)
+        demos.to_parquet(out / "demonstrations.parquet", index=False)  # PPO's ptx loss reads them
         return {k: float(v) for k, v in metrics.items()}  # already named sft/...
 
     config = {"world": world.model_dump(), "model": model_cfg.model_dump(), "sft": cfg.model_dump(), "seed": seed}

@@ -280,10 +280,10 @@ def test_train_ppo_raises_the_score(tiny_policy_dir):
     assert seen == history and [m["iteration"] for m in history] == list(range(15))
     assert set(history[0]) == {
         "objective/score", "objective/kl", "objective/entropy", "policy/approx_kl", "policy/clipfrac",
-        "loss/policy", "loss/value", "value/explained_variance", "value/error", "response/length", "iteration",
+        "loss/policy", "loss/ptx", "loss/value", "value/explained_variance", "value/error", "response/length", "iteration",
     }  # fmt: skip
     scores = [m["objective/score"] for m in history]
-    # a random byte policy starts near 26/384 ~ 0.07; after PPO it writes mostly lowercase
+    # a random byte policy starts near 26/259 ~ 0.1; after PPO it writes mostly lowercase
     assert np.mean(scores[-3:]) > np.mean(scores[:3]) + 0.3, scores
     assert history[0]["objective/kl"] == 0.0  # the first rollout is sampled from the reference itself
     assert history[0]["loss/policy"] == 0.0  # critic warm-up: the policy is not updated
@@ -322,3 +322,16 @@ def test_critic_initialised_from_the_reward_model(tiny_policy_dir, tmp_path):
     policy = models.load_policy(tiny_policy_dir)
     from_policy = build_critic(tiny_policy_dir, None)
     assert torch.equal(from_policy.backbone.embed_tokens.weight, policy.model.embed_tokens.weight)
+
+
+def test_ptx_loss_pulls_the_policy_towards_its_pretraining_data(tiny_policy_dir):
+    """With ptx on, the policy update also lowers the LM loss on the given (prompt, response) data."""
+    with pytest.raises(ValueError, match="ptx_examples"):
+        train_ppo(tiny_policy_dir, lowercase_fraction, ["a"], PPOConfig(ptx_coef=1.0, iterations=1), seed=0)
+    data = [(f"prompt {i}", " XYZ") for i in range(8)]
+    cfg = PPOConfig(iterations=6, rollout_prompts=4, max_new_tokens=6, mini_batch_size=8, policy_lr=1e-2,
+                    critic_warmup_iterations=0, ptx_coef=5.0, ptx_batch_size=4)
+    _, _, history = train_ppo(tiny_policy_dir, lowercase_fraction, [p for p, _ in data], cfg, seed=0,
+                              ptx_examples=data)
+    ptx = [m["loss/ptx"] for m in history]
+    assert all(v > 0 for v in ptx) and ptx[-1] < 0.5 * ptx[0], ptx

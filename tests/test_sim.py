@@ -15,7 +15,7 @@ from rlhf_core import models
 from rlhf_core.config import PolicyModelConfig, SFTConfig, WorldConfig
 from rlhf_core.schemas import validate_table
 from rlhf_core.sim.annotators import gold_agreement, simulate_label_studio_export
-from rlhf_core.sim.sft import collate, encode_example, train_sft
+from rlhf_core.sft import collate, encode_example, train_sft
 from rlhf_core.sim.world import (
     demonstrate,
     gold_score,

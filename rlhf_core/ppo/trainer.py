@@ -33,6 +33,7 @@ from rlhf_core.ppo.core import (
     token_rewards,
     value_loss,
 )
+from rlhf_core.sft import collate, encode_example
 
 RewardFn = Callable[[list[str], list[str]], torch.Tensor]  # (prompts, responses) -> scores (B,)
 
@@ -153,13 +154,16 @@ def _step(loss: torch.Tensor, model: nn.Module, optimizer: torch.optim.Optimizer
     optimizer.step()
 
 
-def policy_step(policy, optimizer, mb: Experience, cfg: PPOConfig) -> dict[str, float]:
-    """One clipped-surrogate step on a minibatch."""
+def policy_step(policy, optimizer, mb: Experience, cfg: PPOConfig, ptx_batch=None) -> dict[str, float]:
+    """One clipped-surrogate step on a minibatch, plus cfg.ptx_coef * the LM loss on a batch of
+    pretraining (SFT) examples when one is given (PPO-max's ptx term)."""
     logp = logprobs_from_logits(response_logits(policy, mb, cfg.temperature), mb.response_ids)  # (b, T)
     pg_loss, metrics = policy_loss(logp, mb.logp, mb.advantages, mb.response_mask, cfg.clip_coef)
-    _step(pg_loss, policy, optimizer, cfg.max_grad_norm)
+    ptx_loss = policy(**ptx_batch).loss if ptx_batch is not None else torch.zeros(())
+    _step(pg_loss + cfg.ptx_coef * ptx_loss, policy, optimizer, cfg.max_grad_norm)
     return {
         "loss/policy": pg_loss.item(),
+        "loss/ptx": ptx_loss.item(),
         "policy/approx_kl": metrics["approx_kl"],
         "policy/clipfrac": metrics["clipfrac"],
     }
@@ -175,7 +179,8 @@ def critic_step(critic, optimizer, mb: Experience, cfg: PPOConfig) -> dict[str, 
     return {"loss/value": v_loss.item(), "value/error": metrics["error"]}
 
 
-def update(policy, critic, policy_opt, critic_opt, exp: Experience, cfg: PPOConfig, train_policy: bool, gen):
+def update(policy, critic, policy_opt, critic_opt, exp: Experience, cfg: PPOConfig, train_policy: bool, gen,
+           ptx_batches: Iterator[dict] | None = None):
     """`cfg.ppo_epochs` passes over shuffled minibatches; the policy is skipped during critic warm-up.
     Returns each metric averaged over the minibatch steps."""
     stats = defaultdict(list)
@@ -184,7 +189,8 @@ def update(policy, critic, policy_opt, critic_opt, exp: Experience, cfg: PPOConf
             mb = exp.minibatch(idx)
             step_metrics = critic_step(critic, critic_opt, mb, cfg)
             if train_policy:
-                step_metrics |= policy_step(policy, policy_opt, mb, cfg)
+                ptx_batch = next(ptx_batches) if ptx_batches is not None else None
+                step_metrics |= policy_step(policy, policy_opt, mb, cfg, ptx_batch)
             for k, v in step_metrics.items():
                 stats[k].append(v)
     return {k: float(np.mean(v)) for k, v in stats.items()}
@@ -200,12 +206,23 @@ def iteration_metrics(exp: Experience, update_stats: dict[str, float], iteration
         "policy/approx_kl": update_stats.get("policy/approx_kl", 0.0),
         "policy/clipfrac": update_stats.get("policy/clipfrac", 0.0),
         "loss/policy": update_stats.get("loss/policy", 0.0),
+        "loss/ptx": update_stats.get("loss/ptx", 0.0),
         "loss/value": update_stats["loss/value"],
         "value/explained_variance": explained_variance(exp.values, exp.returns, mask),
         "value/error": update_stats["value/error"],
         "response/length": mask.sum(1).mean().item(),
         "iteration": iteration,
     }
+
+
+def pretraining_batches(encoded: list[tuple[list[int], int]], size: int, pad_token_id: int,
+                        seed: int) -> Iterator[dict]:
+    """Endless LM batches (labels only on responses) over seeded shuffles of the ptx examples."""
+    rng = np.random.default_rng(seed + 1)
+    while True:
+        order = rng.permutation(len(encoded))
+        for start in range(0, len(order) - size + 1 if len(order) >= size else 1, size):
+            yield collate([encoded[i] for i in order[start : start + size]], pad_token_id)
 
 
 def prompt_batches(prompts: list[str], size: int, rng: np.random.Generator) -> Iterator[list[str]]:
@@ -224,12 +241,16 @@ def train_ppo(
     critic_init_dir: str | Path | None = None,
     on_iteration: Callable[[dict[str, float]], None] | None = None,
     progress: bool = False,
+    ptx_examples: list[tuple[str, str]] | None = None,
 ) -> tuple[nn.Module, object, list[dict[str, float]]]:
     """PPO-max fine-tuning of the policy in `policy_dir` against `reward_fn`.
 
-    Returns (policy, tokenizer, history), one metrics dict per iteration (also passed to
-    `on_iteration`). Deterministic for a given seed on a given machine.
+    ptx_examples: (prompt, response) pretraining/SFT data for the ptx loss (needed when
+    cfg.ptx_coef > 0). Returns (policy, tokenizer, history), one metrics dict per iteration (also
+    passed to `on_iteration`). Deterministic for a given seed on a given machine.
     """
+    if cfg.ptx_coef > 0 and not ptx_examples:
+        raise ValueError("ppo.ptx_coef > 0 needs ptx_examples (the SFT data); pass them or set ptx_coef: 0")
     torch.manual_seed(seed)
     tokenizer = load_tokenizer(policy_dir)
     # eval(): no dropout, so the first PPO epoch starts exactly at ratio = 1.
@@ -242,6 +263,10 @@ def train_ppo(
     moments = RunningMoments()
     batches = prompt_batches(list(prompts), cfg.rollout_prompts, np.random.default_rng(seed))
     gen = torch.Generator().manual_seed(seed)  # minibatch shuffles
+    ptx_batches = None
+    if cfg.ptx_coef > 0:
+        encoded = [encode_example(tokenizer, p, r) for p, r in ptx_examples]
+        ptx_batches = pretraining_batches(encoded, cfg.ptx_batch_size, tokenizer.pad_token_id, seed)
 
     history = []
     for it in tqdm(range(cfg.iterations), disable=not progress, desc="ppo"):
@@ -250,7 +275,7 @@ def train_ppo(
         exp = rollout(policy, reference, critic, tokenizer, reward_fn, batch, cfg, sample_seed)
         exp = compute_advantages(exp, moments, cfg)
         train_policy = it >= cfg.critic_warmup_iterations  # PPO-max: critic alone first
-        stats = update(policy, critic, policy_opt, critic_opt, exp, cfg, train_policy, gen)
+        stats = update(policy, critic, policy_opt, critic_opt, exp, cfg, train_policy, gen, ptx_batches)
         metrics = iteration_metrics(exp, stats, it)
         history.append(metrics)
         if on_iteration is not None:

@@ -1,4 +1,5 @@
-"""Supervised fine-tuning of the tiny policy on the demonstrator's responses.
+"""Supervised fine-tuning of a causal LM on (prompt, response) demonstrations (the SFT stage, and
+the pretraining-data loss that PPO-max mixes into the policy update).
 
 One example = query tokens followed by response tokens and eos; the loss is the mean
 next-token cross-entropy over response tokens and eos only (query positions carry label -100):
