@@ -30,7 +30,7 @@ def _load(config: Optional[Path], overrides: list[str]):
             apply_override(data, item)
         return parse_config(data, RoundConfig, source="(defaults + --set)")
     except ConfigError as err:
-        console.print(f"[red]{err}[/red]")
+        console.print(f"[red]{err}[/red]", soft_wrap=True)
         raise typer.Exit(2)
 
 
@@ -73,7 +73,8 @@ def stage(
     from flows.round import StageName
 
     if name not in get_args(StageName):
-        console.print(f"[red]unknown stage {name!r}; choose one of {', '.join(get_args(StageName))}[/red]")
+        choices = ", ".join(get_args(StageName))
+        console.print(f"[red]unknown stage {name!r}; choose one of {choices}[/red]", soft_wrap=True)
         raise typer.Exit(2)
     _run(_load(config, set_), stop_after=name)
 

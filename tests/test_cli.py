@@ -1,0 +1,37 @@
+"""The `rlhf` command line: bad configs stop before any work, with the key and the expected type."""
+
+from typer.testing import CliRunner
+
+from flows.cli import app
+
+runner = CliRunner()
+
+
+def test_bad_config_fails_before_any_work(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(f"workdir: {tmp_path / 'w'}\nppo:\n  kl_coeff: 0.1\n  iterations: many\n")
+    result = runner.invoke(app, ["demo", "--config", str(bad)])
+    assert result.exit_code == 2
+    assert "ppo.kl_coeff: unknown key" in result.output
+    assert "ppo.iterations: Input should be a valid integer" in result.output
+    assert not (tmp_path / "w").exists()  # nothing was started or written
+
+
+def test_bad_override_and_unknown_stage(tmp_path):
+    result = runner.invoke(app, ["demo", "--set", "voting.n_models=1"])
+    assert result.exit_code == 2 and "voting.n_models: Input should be greater than or equal to 2" in result.output
+    result = runner.invoke(app, ["stage", "train_everything"])
+    assert result.exit_code == 2 and "unknown stage 'train_everything'" in result.output
+
+
+def test_validate_version_schema(tmp_path):
+    import json
+
+    import rlhf_core
+
+    good = tmp_path / "ok.yaml"
+    good.write_text("seed: 4\n")
+    assert runner.invoke(app, ["validate", str(good)]).exit_code == 0
+    assert runner.invoke(app, ["version"]).output.strip() == rlhf_core.__version__
+    schema = json.loads(runner.invoke(app, ["schema"]).output)
+    assert "kl_coef" in json.dumps(schema)
