@@ -31,7 +31,7 @@ def _load(config: Optional[Path], overrides: list[str]):
         return parse_config(data, RoundConfig, source="(defaults + --set)")
     except ConfigError as err:
         console.print(f"[red]{err}[/red]", soft_wrap=True)
-        raise typer.Exit(2)
+        raise typer.Exit(2) from None
 
 
 def _run(cfg, stop_after: Optional[str] = None) -> dict:

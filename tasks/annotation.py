@@ -13,7 +13,7 @@ from prefect.cache_policies import NO_CACHE
 from rlhf_core.annotation.label_studio import import_label_studio, read_export
 from rlhf_core.annotation.pairs import aggregate_majority
 from rlhf_core.annotation.tasks import make_comparison_tasks
-from rlhf_core.artifacts import ArtifactRef
+from rlhf_core.artifacts import ArtifactRef, sha256_file
 from rlhf_core.config import AnnotationConfig, WorldConfig
 from rlhf_core.schemas import read_table, write_table
 from rlhf_core.sim.annotators import simulate_label_studio_export
@@ -41,8 +41,6 @@ def collect_annotations(ctx: RunContext, cfg: AnnotationConfig, world: WorldConf
 
     config = {"annotation": cfg.model_dump(), "world": world.model_dump(), "seed": seed}
     if cfg.export_path:  # a changed export file must not be served from cache
-        from rlhf_core.artifacts import sha256_file
-
         config["export_sha256"] = sha256_file(Path(cfg.export_path))
     return run_stage(ctx, stage="annotators", version=COLLECT_VERSION, kind="annotation_export", config=config,
                      inputs={"responses": responses}, produce=produce)

@@ -109,10 +109,14 @@ class Tracker:
         self.client.log_artifact(run_id, str(local_path), artifact_path)
 
     def log_figure(self, run_id: str, fig, name: str) -> None:
+        """Save a matplotlib figure under the run's plots/ and close it (pyplot keeps figures alive)."""
+        import matplotlib.pyplot as plt
+
         with tempfile.TemporaryDirectory() as tmp:
             path = Path(tmp) / name
             fig.savefig(path, dpi=100, bbox_inches="tight")
             self.client.log_artifact(run_id, str(path), "plots")
+        plt.close(fig)
 
     def register_model(self, run_id: str, model_dir: Path, name: str, alias: str, tags: dict[str, str]) -> int:
         """Upload an HF model directory to the run and register it under `name` with `alias`."""

@@ -38,8 +38,10 @@ def test_overrides_and_cross_field_check(tmp_path):
 
 
 def test_configs_are_frozen():
+    from pydantic import ValidationError
+
     cfg = PPOConfig()
-    with pytest.raises(Exception):
+    with pytest.raises(ValidationError, match="frozen"):
         cfg.kl_coef = 1.0  # type: ignore[misc]
 
 
