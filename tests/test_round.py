@@ -58,7 +58,9 @@ def test_inputs_logged_with_full_content_digests(two_rounds):
 
 def test_models_registered_and_reload_with_transformers(two_rounds, tmp_path):
     import mlflow
-    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
+    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
+
+    from rlhf_core.models import build_tokenizer
 
     _, first, _ = two_rounds
     uri = first["mlflow"]["tracking_uri"]
@@ -70,6 +72,9 @@ def test_models_registered_and_reload_with_transformers(two_rounds, tmp_path):
                                                     tracking_uri=uri)
         model = loader.from_pretrained(local)
         assert sum(p.numel() for p in model.parameters()) > 0
+        tokenizer = AutoTokenizer.from_pretrained(local)  # plain transformers, no project code
+        assert tokenizer("Q: 1+1\nA:", add_special_tokens=False).input_ids == \
+               build_tokenizer()("Q: 1+1\nA:", add_special_tokens=False).input_ids != []
 
 
 def test_headline_numbers_are_real(two_rounds):
