@@ -80,6 +80,19 @@ def stage(
 
 
 @app.command()
+def rounds(
+    n: int = typer.Argument(2, help="number of rounds"),
+    config: Optional[Path] = typer.Option(None, help="YAML config; default: the embedded demo"),
+    set_: list[str] = typer.Option([], "--set"),
+):
+    """Iterated RLHF: each round annotates the previous round's policy and improves it."""
+    from flows.round import rlhf_rounds
+
+    for summary in rlhf_rounds(config=_load(config, set_), n_rounds=n):
+        print_summary(summary)
+
+
+@app.command()
 def validate(config: Path = typer.Argument(...)):
     """Check a config without running anything."""
     cfg = _load(config, [])
@@ -103,7 +116,7 @@ def version():
 
 
 def print_summary(summary: dict) -> None:
-    console.rule(f"RLHF round {summary['round']!r} finished")
+    console.rule(f"RLHF round {summary['round']!r} #{summary.get('round_no', 1)} finished")
     table = Table("stage", "artifact", "path", title="What each stage produced")
     for stage, art in summary["artifacts"].items():
         table.add_row(stage, f"{art['kind']}:{art['digest'][:12]}", art["path"])

@@ -46,7 +46,7 @@ HEADLINE = {
 }
 
 
-def open_round(config: RoundConfig) -> RunContext:
+def open_round(config: RoundConfig, round_no: int = 1) -> RunContext:
     """Create the round's parent MLflow run, tagged with the Prefect flow run."""
     workdir = Path(config.workdir).resolve()
     workdir.mkdir(parents=True, exist_ok=True)
@@ -55,16 +55,17 @@ def open_round(config: RoundConfig) -> RunContext:
     flow_run_id = str(flow_run.id or "")
     tags = {
         "rlhf.round": config.name,
+        "rlhf.round_no": str(round_no),
         "rlhf.config_digest": config_digest(config),
         "rlhf.code_version": code_version(),
         "prefect.flow_run_id": flow_run_id,
         "prefect.flow_run_name": str(flow_run.name or ""),
         "prefect.flow_run_url": str(flow_run.ui_url or ""),
     }
-    parent = tracker.start_run(f"round-{config.name}", tags)
+    parent = tracker.start_run(f"round-{config.name}-{round_no}", tags)
     tracker.log_params(parent, config.model_dump(mode="json"))
     return RunContext(workdir=str(workdir), tracking_uri=uri, experiment=config.experiment, parent_run_id=parent,
-                      round_name=config.name, flow_run_id=flow_run_id)
+                      round_name=config.name, round_no=round_no, flow_run_id=flow_run_id)
 
 
 StageName = Literal["world", "sft", "sample", "generate", "annotators", "import_annotations", "vote", "denoise",
@@ -72,14 +73,18 @@ StageName = Literal["world", "sft", "sample", "generate", "annotators", "import_
 
 
 @flow(name="rlhf-round", version=rlhf_core.__version__, log_prints=True)
-def rlhf_round(config: RoundConfig = RoundConfig(), stop_after: StageName | None = None) -> dict[str, Any]:
+def rlhf_round(config: RoundConfig = RoundConfig(), stop_after: StageName | None = None, round_no: int = 1,
+               start_policy: ArtifactRef | None = None) -> dict[str, Any]:
     """One RLHF round on the configured world; returns the summary (also logged to MLflow).
 
     `stop_after` ends the round after that stage (earlier stages come from the cache when they
-    already ran with the same config): this is how a single stage is run.
+    already ran with the same config): this is how a single stage is run. Round `round_no` > 1
+    samples with seed + round_no - 1 (new prompts) and improves `start_policy` (the previous
+    round's); the world, the SFT policy, the reward-model backbone and the ptx data stay those of
+    round 1, and the new policy is judged against SFT.
     """
-    ctx = open_round(config)
-    seed, simulated = config.seed, config.annotation.export_path is None
+    ctx = open_round(config, round_no)
+    seed, simulated = config.seed + round_no - 1, config.annotation.export_path is None
     out: dict[str, ArtifactRef] = {}
 
     def done(name: str, ref: ArtifactRef) -> bool:
@@ -87,13 +92,15 @@ def rlhf_round(config: RoundConfig = RoundConfig(), stop_after: StageName | None
         return name == stop_after
 
     try:
-        if done("world", build_world(ctx, config.world, seed)):
+        if done("world", build_world(ctx, config.world, config.seed)):
             return finish_round(ctx, out)
-        if done("sft", train_sft_policy(ctx, config.world, config.policy_model, config.sft, out["world"], seed)):
+        if done("sft", train_sft_policy(ctx, config.world, config.policy_model, config.sft, out["world"],
+                                        config.seed)):
             return finish_round(ctx, out)
+        policy = start_policy or out["sft"]  # the policy this round improves
         if done("sample", sample_prompts(ctx, config.sampling, out["world"], seed)):
             return finish_round(ctx, out)
-        if done("generate", generate(ctx, config.generation, out["sample"], out["sft"], seed)):
+        if done("generate", generate(ctx, config.generation, out["sample"], policy, seed)):
             return finish_round(ctx, out)
         if done("annotators", collect_annotations(ctx, config.annotation, config.world, out["generate"], seed)):
             return finish_round(ctx, out)
@@ -107,7 +114,7 @@ def rlhf_round(config: RoundConfig = RoundConfig(), stop_after: StageName | None
         if done("reward", train_reward(ctx, config.reward, out["denoise"], out["sft"], out["world"], seed,
                                        simulated)):
             return finish_round(ctx, out)
-        if done("ppo", train_policy(ctx, config.ppo, out["sft"], out["reward"], out["world"], out["sft"],
+        if done("ppo", train_policy(ctx, config.ppo, policy, out["reward"], out["world"], out["sft"],
                                     config.reward.train, seed)):
             return finish_round(ctx, out)
         done("evaluate", evaluate(ctx, config.evaluation, out["ppo"], out["sft"], out["reward"], out["world"],
@@ -132,6 +139,7 @@ def summarize_round(ctx: RunContext, outputs: dict[str, ArtifactRef]) -> dict[st
     headline = {name: metrics.get(stage, {}).get(key) for name, (stage, key) in HEADLINE.items()}
     summary = {
         "round": ctx.round_name,
+        "round_no": ctx.round_no,
         "mlflow": {"tracking_uri": ctx.tracking_uri, "experiment": ctx.experiment, "run_id": ctx.parent_run_id},
         "prefect_flow_run_id": ctx.flow_run_id,
         "artifacts": {name: {"kind": r.kind, "digest": r.digest, "path": r.path} for name, r in outputs.items()},
@@ -143,3 +151,17 @@ def summarize_round(ctx: RunContext, outputs: dict[str, ArtifactRef]) -> dict[st
         path.write_text(json.dumps(summary, indent=2))
         tracker.log_artifact(ctx.parent_run_id, path)
     return summary
+
+
+@flow(name="rlhf-rounds", version=rlhf_core.__version__, log_prints=True)
+def rlhf_rounds(config: RoundConfig = RoundConfig(), n_rounds: int = 2) -> list[dict[str, Any]]:
+    """Iterated RLHF: each round annotates responses of the previous round's policy and improves it."""
+    if n_rounds < 1:
+        raise ValueError(f"n_rounds must be >= 1, got {n_rounds}")
+    summaries: list[dict[str, Any]] = []
+    start: ArtifactRef | None = None
+    for round_no in range(1, n_rounds + 1):
+        summary = rlhf_round(config=config, round_no=round_no, start_policy=start)
+        summaries.append(summary)
+        start = ArtifactRef(**summary["artifacts"]["ppo"])
+    return summaries

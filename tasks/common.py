@@ -40,6 +40,7 @@ class RunContext(BaseModel):
     experiment: str
     parent_run_id: str
     round_name: str
+    round_no: int = 1
     flow_run_id: str = ""
 
     @property
@@ -115,6 +116,7 @@ def run_stage(
         "rlhf.stage": stage,
         "rlhf.stage_version": version,
         "rlhf.round": ctx.round_name,
+        "rlhf.round_no": str(ctx.round_no),
         "rlhf.cache_key": key,
         "rlhf.code_version": code_version(),
         "prefect.flow_run_id": ctx.flow_run_id,

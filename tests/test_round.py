@@ -110,3 +110,22 @@ def test_prefect_recorded_the_flow_and_its_tasks(two_rounds):
         assert run.state.is_completed()
         tasks = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[run.id])))
     assert {t.name.split("-")[0] for t in tasks} >= {"world", "sft", "sample", "generate", "vote", "ppo"}
+
+
+def test_iterated_rounds_improve_the_previous_policy(two_rounds):
+    """Round 2 samples new prompts, generates with round 1's policy and starts PPO from it."""
+    from flows.round import rlhf_rounds
+    from rlhf_core.artifacts import ArtifactStore
+
+    cfg, first, _ = two_rounds
+    r1, r2 = rlhf_rounds(config=cfg, n_rounds=2)
+    assert r1["artifacts"]["ppo"]["digest"] == first["artifacts"]["ppo"]["digest"]  # round 1 from cache
+    store = ArtifactStore(Path(cfg.workdir) / "artifacts")
+    round1_policy = r1["artifacts"]["ppo"]["digest"]
+    inputs = {stage: {i.name: i.digest for i in store.manifest(store.find(a["kind"], a["digest"])).inputs}
+              for stage, a in r2["artifacts"].items()}
+    assert inputs["generate"]["policy"] == round1_policy and inputs["ppo"]["policy"] == round1_policy
+    assert r2["artifacts"]["sample"]["digest"] != r1["artifacts"]["sample"]["digest"]  # new prompts
+    assert r2["artifacts"]["sft"] == r1["artifacts"]["sft"]
+    client = MlflowClient(r2["mlflow"]["tracking_uri"])
+    assert client.get_run(r2["mlflow"]["run_id"]).data.tags["rlhf.round_no"] == "2"
