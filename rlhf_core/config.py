@@ -70,10 +70,25 @@ class SFTConfig(StrictModel):
 
 
 class SamplingConfig(StrictModel):
-    """InsTag complexity-first diverse sampling of prompts to annotate."""
+    """InsTag complexity-first diverse sampling of prompts to annotate.
+
+    The defaults reproduce the original behaviour: no tag merging, no deduplication, no tag cap.
+    """
 
     n_samples: int = Field(2000, ge=1, description="budget: prompts sent to annotation")
-    min_tag_count: int = Field(1, ge=1, description="tags seen fewer times than this are dropped")
+    min_tag_count: int = Field(1, ge=1, description="tags seen in fewer prompts than this are dropped")
+    merge_tag_variants: bool = Field(
+        False, description="InsTag rule aggregation: merge tags that differ in case, separators, plural/-ing/-ed"
+    )
+    drop_duplicate_prompts: bool = Field(
+        False, description="drop prompts whose normalised text repeats the text of a smaller prompt_id"
+    )
+    mode: Literal["complexity_first", "balanced"] = Field(
+        "complexity_first", description="complexity_first: InsTag as published; balanced: the same with a per-tag cap"
+    )
+    max_tag_share: float = Field(
+        0.3, gt=0, le=1, description="balanced only: no tag in more than this share of the budget's prompts"
+    )
 
 
 class SamplingStrategy(StrictModel):

@@ -54,7 +54,7 @@ TABLES: dict[str, TableSchema] = {
                 Column("source", S),
                 Column("n_tags", I),
                 Column("selection_order", I),
-                Column("selection_reason", S, "complexity-first | fill"),
+                Column("selection_reason", S, "complexity-first | balanced | fill"),
             ),
             key=("prompt_id",),
             doc="a prompt chosen for annotation",

@@ -1,18 +1,26 @@
-"""InsTag complexity-first diverse sampling on hand-made pools."""
+"""InsTag sampling on hand-made pools: tag normalisation, deduplication, both selection modes."""
 
 import pandas as pd
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from rlhf_core.sampling.instag import complexity_first_diverse, normalize_tags
+from rlhf_core.sampling.instag import instag_passes, select_prompts
+from rlhf_core.sampling.normalize import drop_duplicate_prompts, normalize_tags, stem_word, tag_key
 
 
-def _pool(tags):
-    return pd.DataFrame({"prompt_id": [f"p{i}" for i in range(len(tags))], "prompt": [f"q{i}" for i in range(len(tags))],
+def _pool(tags, prompts=None):
+    n = len(tags)
+    return pd.DataFrame({"prompt_id": [f"p{i}" for i in range(n)], "prompt": prompts or [f"q{i}" for i in range(n)],
                          "tags": tags, "source": "t"})
+
+
+# ---------------------------------------------------------------- selection, complexity_first
 
 
 def test_complexity_first_then_new_tags_only():
     pool = _pool([["a"], ["a", "b", "c"], ["a", "b"], ["d"], ["c", "d"], ["a"]])
-    out, report = complexity_first_diverse(pool, budget=3, seed=0)
+    out, report = select_prompts(pool, budget=3, seed=0)
     # first the 3-tag prompt, then the 2-tag prompt that adds d; ["a","b"] adds nothing; then ["d"] adds
     # nothing, ... so the pass ends with 2 and the second pass starts from the most tagged left.
     assert out["prompt_id"].tolist()[:2] == ["p1", "p4"]
@@ -23,14 +31,147 @@ def test_complexity_first_then_new_tags_only():
 
 def test_budget_equals_pool_takes_everything_deterministically():
     pool = _pool([["a"], ["a"], ["b"], []])
-    out1, _ = complexity_first_diverse(pool, budget=4, seed=1)
-    out2, _ = complexity_first_diverse(pool, budget=4, seed=1)
+    out1, report = select_prompts(pool, budget=4, seed=1)
+    out2, _ = select_prompts(pool, budget=4, seed=1)
     assert sorted(out1["prompt_id"]) == ["p0", "p1", "p2", "p3"]
     assert out1.equals(out2)
-    assert out1["selection_reason"].iloc[-1] == "fill"
+    assert out1["selection_reason"].tolist() == ["complexity-first"] * 3 + ["fill"]
+    assert report["n_fill"] == 1 and report["budget_met"] == 1.0
+
+
+def test_hand_case_full_order():
+    # ranks: p0 (3 tags), then p1, p2 (2 tags, seeded order), then p3, p4 (1 tag).
+    # pass 1: p0 covers a b c; p1 = [c, d] adds d; p2 = [a, b] adds nothing; p3 = [e] adds e; p4 = [a] no.
+    # pass 2: p2 adds a; p4 = [a] nothing. pass 3: p4.
+    pool = _pool([["a", "b", "c"], ["c", "d"], ["a", "b"], ["e"], ["a"]])
+    for seed in range(4):  # the seeded tiebreak cannot change this order
+        out, report = select_prompts(pool, budget=5, seed=seed)
+        assert out["prompt_id"].tolist() == ["p0", "p1", "p3", "p2", "p4"] and report["n_passes"] == 3
+        assert out["n_tags"].tolist() == [3, 2, 1, 2, 1]
+
+
+def test_unknown_mode_and_oversized_budget_raise():
+    pool = _pool([["a"], ["b"]])
+    with pytest.raises(ValueError, match="unknown sampling mode 'greedy'"):
+        select_prompts(pool, 1, 0, mode="greedy")
+    with pytest.raises(ValueError, match="exceeds the pool"):
+        select_prompts(pool, 3, 0)
+
+
+def test_same_seed_same_selection_other_seed_other_tiebreak():
+    pool = _pool([[f"t{i % 7}", f"u{i % 5}"] for i in range(60)])
+    runs = [select_prompts(pool, 20, seed=s, mode=m)[0] for s in (3, 3, 4) for m in ("complexity_first", "balanced")]
+    assert runs[0].equals(runs[2]) and runs[1].equals(runs[3])
+    assert runs[0]["prompt_id"].tolist() != runs[4]["prompt_id"].tolist()
+
+
+# ---------------------------------------------------------------- selection, balanced
+
+
+def test_balanced_never_exceeds_the_cap_where_complexity_first_does():
+    # "common" is on every tagged prompt: complexity-first takes it 8 times out of 10.
+    pool = _pool([["common", f"r{i}"] for i in range(8)] + [["x"], ["y"], [], [], []])
+    cf, cf_report = select_prompts(pool, budget=10, seed=0)
+    bal, report = select_prompts(pool, budget=10, seed=0, mode="balanced", max_tag_share=0.3)
+    assert sum("common" in ts for ts in cf["tags"]) == 8 and cf_report["max_tag_share_selected"] == 0.8
+    assert sum("common" in ts for ts in bal["tags"]) == 3  # cap = floor(0.3 * 10)
+    # 3 "common" prompts, x, y, and the 3 untagged ones as fill: 8 of 10, budget not met
+    assert len(bal) == 8 and report["budget_met"] == 0.0 and report["n_fill"] == 3
+    assert report["tag_cap"] == 3 and report["n_blocked_by_cap"] == 5
+    assert set(bal["selection_reason"]) == {"balanced", "fill"}
+
+
+# ---------------------------------------------------------------- normalisation and deduplication
+
+
+def test_rule_aggregation_merges_the_three_spellings():
+    tags, report = normalize_tags(pd.Series([["code-reviews"], ["Code review"], ["code_reviewing", "math"]]),
+                                  merge_variants=True)
+    assert tags.tolist() == [["code review"], ["code review"], ["code review", "math"]]
+    assert report == {"tags_raw": 4, "tags_after_cleaning": 4, "tags_after_rules": 2, "tags_after_frequency_filter": 2}
+    assert [stem_word(w) for w in ("reviews", "reviewing", "reviewed", "studies", "class", "status")] == [
+        "review", "review", "review", "study", "class", "status"]
+    assert tag_key("Data_Processing") == tag_key("data processes") == "data process"
+
+
+def test_without_merging_variants_stay_apart():
+    tags, report = normalize_tags(pd.Series([["code-reviews"], ["Code review"]]))
+    assert tags.tolist() == [["code-reviews"], ["code review"]] and report["tags_after_rules"] == 2
 
 
 def test_normalize_tags_cleans_and_filters():
     tags, report = normalize_tags(pd.Series([["Math ", "math", "rare"], ["MATH"]]), min_count=2)
     assert tags.tolist() == [["math"], ["math"]]
-    assert report == {"tags_raw": 4, "tags_after_cleaning": 2, "tags_after_frequency_filter": 1}
+    assert report == {"tags_raw": 4, "tags_after_cleaning": 2, "tags_after_rules": 2, "tags_after_frequency_filter": 1}
+
+
+def test_frequency_filter_after_merging():
+    # "plots" (2 spellings, 2 prompts) survives min_count=2 only because the spellings merge
+    raw = pd.Series([["plots", "rare"], ["Plot"], ["solo"]])
+    assert normalize_tags(raw, min_count=2)[0].tolist() == [[], [], []]
+    tags, report = normalize_tags(raw, min_count=2, merge_variants=True)
+    assert tags.tolist() == [["plot"], ["plot"], []]
+    assert (report["tags_after_rules"], report["tags_after_frequency_filter"]) == (3, 1)
+
+
+def test_duplicate_prompts_removed_keeping_the_smallest_prompt_id():
+    pool = pd.DataFrame({"prompt_id": ["b", "a", "c", "d", "e"], "tags": [["x"]] * 5, "source": "t",
+                         "prompt": ["What is 7+8?", "what  is 7+8", "What is 7-8?", "WHAT IS 7+8 ?!", "Hi"]})
+    kept, n_removed = drop_duplicate_prompts(pool)
+    assert n_removed == 2 and kept["prompt_id"].tolist() == ["a", "c", "e"]  # "+" and "-" stay apart
+    out, report = select_prompts(pool, budget=5, seed=0, drop_duplicates=True)
+    assert report["n_duplicates_removed"] == 2 and len(out) == 3 and report["budget_met"] == 0.0
+
+
+# ---------------------------------------------------------------- properties
+
+
+def _reference_passes(prompt_tags, budget, cap=None):
+    """The plain InsTag loop (a scan of the pool per pass): what `instag_passes` must agree with."""
+    remaining, chosen, count, n_passes = list(range(len(prompt_tags))), [], {}, 0
+
+    def blocked(r):
+        return cap is not None and any(count.get(t, 0) >= cap for t in prompt_tags[r])
+
+    while len(chosen) < budget:
+        covered, picked = set(), []
+        for r in remaining:
+            if len(chosen) + len(picked) < budget and set(prompt_tags[r]) - covered and not blocked(r):
+                picked.append(r)
+                covered |= set(prompt_tags[r])
+                for t in prompt_tags[r]:
+                    count[t] = count.get(t, 0) + 1
+        if not picked:
+            break
+        n_passes += 1
+        chosen += picked
+        remaining = [r for r in remaining if r not in picked]
+    fill = [r for r in remaining if not blocked(r)][: budget - len(chosen)]
+    return chosen + fill, n_passes, len(fill)
+
+
+pools = st.lists(st.lists(st.sampled_from("abcdefgh"), max_size=4, unique=True), min_size=1, max_size=25)
+
+
+@settings(max_examples=150, deadline=None)
+@given(pools, st.data())
+def test_heap_passes_agree_with_the_plain_loop(tag_lists, data):
+    ranked = sorted(([ord(t) - ord("a") for t in ts] for ts in tag_lists), key=len, reverse=True)
+    budget = data.draw(st.integers(0, len(ranked)))
+    cap = data.draw(st.one_of(st.none(), st.integers(0, budget)))
+    assert instag_passes(ranked, 8, budget, cap) == _reference_passes(ranked, budget, cap)
+
+
+@settings(max_examples=100, deadline=None)
+@given(pools, st.lists(st.sampled_from(["q", "Q.", "r", "s "]), min_size=25, max_size=25), st.data())
+def test_selection_is_unique_subset_of_budget_size(tag_lists, texts, data):
+    pool = _pool(tag_lists, texts[: len(tag_lists)])
+    budget = data.draw(st.integers(0, len(pool)))
+    seed = data.draw(st.integers(0, 2**16))
+    out, report = select_prompts(pool, budget, seed, drop_duplicates=True, merge_tag_variants=True)
+    ids = out["prompt_id"].tolist()
+    n_unique = len(drop_duplicate_prompts(pool)[0])
+    assert len(set(ids)) == len(ids) and set(ids) <= set(pool["prompt_id"])
+    assert len(ids) == min(budget, n_unique) == report["n_selected"]
+    assert report["n_duplicates_removed"] == len(pool) - n_unique
+    assert out["selection_order"].tolist() == list(range(len(ids)))

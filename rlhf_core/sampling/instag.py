@@ -1,79 +1,167 @@
 """InsTag (Lu et al. 2023) complexity-first diverse sampling over tagged prompts.
 
-Prompts are visited most-tagged first (complexity). In each pass a prompt is taken only if it
-adds a tag not yet covered in that pass (diversity); passes repeat over what is left until the
-budget is met. Prompts without any surviving tag can only enter as "fill" at the end.
+Prompts are ranked most-tagged first (complexity), ties broken by a seeded shuffle. In each pass
+a prompt is taken only if it adds a tag not yet covered in that pass (diversity); passes repeat
+over what is left until the budget is met. Prompts without any surviving tag can only enter as
+"fill" at the end.
+
+Two modes:
+- "complexity_first": the algorithm above, as in the paper.
+- "balanced": the same passes, but no tag may be held by more than floor(max_tag_share * budget)
+  selected prompts; a prompt holding a tag at that cap is skipped for good, fill included, so the
+  budget may not be met (the report says so with budget_met = 0).
+
+Scale: a pass is not a scan of the pool. A prompt can only be taken if it is the first usable
+prompt of one of its uncovered tags (any earlier prompt holding that tag was taken, covering it,
+or skipped because the tag was already covered). So each pass pops, from a heap keyed by rank, the
+first usable prompt of every live tag; per-tag pointers only move forward over the whole run.
+Cost: O(tag occurrences + budget * tags-per-prompt * log(tags)), not O(pool * passes).
 """
 
 from __future__ import annotations
 
+import heapq
 from collections import Counter
+from itertools import chain, islice
+from typing import Literal
 
 import numpy as np
 import pandas as pd
 
+from rlhf_core.sampling.normalize import drop_duplicate_prompts, normalize_tags
 
-def normalize_tags(tags: pd.Series, min_count: int = 1) -> tuple[pd.Series, dict[str, int]]:
-    """Lower-case and strip tags, drop duplicates within a prompt and tags seen < min_count times."""
-    cleaned = tags.map(lambda ts: sorted({str(t).strip().lower() for t in ts if str(t).strip()}))
-    counts = Counter(t for ts in cleaned for t in ts)
-    kept = {t for t, c in counts.items() if c >= min_count}
-    normalized = cleaned.map(lambda ts: [t for t in ts if t in kept])
-    report = {
-        "tags_raw": len({t for ts in tags for t in ts}),
-        "tags_after_cleaning": len(counts),
-        "tags_after_frequency_filter": len(kept),
-    }
-    return normalized, report
+Mode = Literal["complexity_first", "balanced"]
+PASS_REASON = {"complexity_first": "complexity-first", "balanced": "balanced"}
 
 
-def complexity_first_diverse(prompts: pd.DataFrame, budget: int, seed: int, min_tag_count: int = 1):
-    """Select `budget` rows of a prompts table. Returns (sampled_prompts table, report dict).
+def _prompts_by_tag(prompt_tags: list[list[int]], n_tags: int) -> list[list[int]]:
+    """Invert prompt -> tag ids into tag id -> prompt ranks, each list ascending."""
+    lengths = [len(ts) for ts in prompt_tags]
+    flat_tags = np.fromiter(chain.from_iterable(prompt_tags), dtype=np.int64, count=sum(lengths))
+    flat_ranks = np.repeat(np.arange(len(prompt_tags)), lengths)
+    by_tag = np.argsort(flat_tags, kind="stable")  # stable: ranks stay ascending within a tag
+    bounds = np.cumsum(np.bincount(flat_tags, minlength=n_tags))[:-1]
+    return [ranks.tolist() for ranks in np.split(flat_ranks[by_tag], bounds)]
 
-    Order within equal tag counts is a seeded shuffle, so selection is deterministic for a seed.
+
+def instag_passes(prompt_tags: list[list[int]], n_tags: int, budget: int, cap: int | None = None):
+    """Run the InsTag passes over prompts already in rank order; returns (chosen ranks, n_passes, n_fill).
+
+    prompt_tags[r] holds the tag ids (0..n_tags-1, no repeats) of the prompt ranked r. `cap`, if
+    given, is the most selected prompts any tag may be in. The last n_fill chosen ranks are fill.
     """
+    tag_prompts = _prompts_by_tag(prompt_tags, n_tags)
+    head = [0] * n_tags  # next position to look at in each tag's prompt list; never moves back
+    taken = [False] * len(prompt_tags)
+    count = [0] * n_tags  # selected prompts holding each tag
+    capped = [cap is not None and cap <= 0] * n_tags  # tags no further prompt may bring in
+
+    def usable(r: int) -> bool:
+        return not taken[r] and not any(capped[t] for t in prompt_tags[r])
+
+    def first_usable(t: int) -> int | None:
+        ranks = tag_prompts[t]
+        while head[t] < len(ranks) and not usable(ranks[head[t]]):
+            head[t] += 1
+        return ranks[head[t]] if head[t] < len(ranks) else None
+
+    chosen: list[int] = []
+    live = list(range(n_tags))  # tags that may still bring a prompt in
+    n_passes = 0
+    while len(chosen) < budget:
+        heap = [(r, t) for t in live if (r := first_usable(t)) is not None]
+        live = [t for _, t in heap]
+        if not heap:
+            break
+        n_passes += 1
+        heapq.heapify(heap)
+        covered = [False] * n_tags
+        while heap and len(chosen) < budget:
+            r, t = heapq.heappop(heap)
+            if covered[t]:
+                continue
+            if not usable(r):  # blocked by a cap reached earlier in this pass
+                if (r := first_usable(t)) is not None:
+                    heapq.heappush(heap, (r, t))
+                continue
+            chosen.append(r)
+            taken[r] = True
+            for u in prompt_tags[r]:
+                covered[u] = True
+                count[u] += 1
+                capped[u] = cap is not None and count[u] >= cap
+
+    fill = list(islice((r for r in range(len(prompt_tags)) if usable(r)), budget - len(chosen)))
+    return chosen + fill, n_passes, len(fill)
+
+
+def select_prompts(
+    prompts: pd.DataFrame,
+    budget: int,
+    seed: int,
+    *,
+    mode: Mode = "complexity_first",
+    max_tag_share: float = 0.3,
+    min_tag_count: int = 1,
+    merge_tag_variants: bool = False,
+    drop_duplicates: bool = False,
+) -> tuple[pd.DataFrame, dict[str, float]]:
+    """Select up to `budget` rows of a prompts table. Returns (sampled_prompts table, report dict).
+
+    Steps: duplicate prompts removed (optional), tags normalised, InsTag passes in `mode`, fill.
+    Deterministic for a seed. Selects min(budget, pool after deduplication) prompts, fewer only
+    in balanced mode when the cap leaves too few usable prompts.
+    """
+    if mode not in PASS_REASON:
+        raise ValueError(f"unknown sampling mode {mode!r}; expected one of {sorted(PASS_REASON)}")
     if budget > len(prompts):
         raise ValueError(f"budget {budget} exceeds the pool of {len(prompts)} prompts")
-    tags, report = normalize_tags(prompts["tags"], min_tag_count)
+    n_pool, n_duplicates = len(prompts), 0
+    if drop_duplicates:
+        prompts, n_duplicates = drop_duplicate_prompts(prompts)
+    tags, report = normalize_tags(prompts["tags"], min_tag_count, merge_tag_variants)
+    target = min(budget, len(prompts))
+
     rng = np.random.default_rng(seed)
     n_tags = tags.map(len).to_numpy()
-    tiebreak = rng.permutation(len(prompts))
-    order = np.lexsort((tiebreak, -n_tags))  # most tags first, seeded order among equals
+    order = np.lexsort((rng.permutation(len(prompts)), -n_tags))  # most tags first, seeded among equals
+    vocab = {t: i for i, t in enumerate(sorted({t for ts in tags for t in ts}))}
+    tag_lists = tags.tolist()
+    ranked_tags = [[vocab[t] for t in tag_lists[i]] for i in order]
+    cap = int(max_tag_share * target + 1e-9) if mode == "balanced" else None  # + 1e-9: 0.29 * 100 is 28.99..
+    chosen, n_passes, n_fill = instag_passes(ranked_tags, len(vocab), target, cap)
 
-    remaining = [int(i) for i in order]
-    chosen: list[tuple[int, str]] = []
-    n_passes = 0
-    while len(chosen) < budget and remaining:
-        n_passes += 1
-        covered: set[str] = set()
-        left = []
-        for i in remaining:
-            new = set(tags.iloc[i]) - covered
-            if new and len(chosen) < budget:
-                chosen.append((i, "complexity-first"))
-                covered |= new
-            else:
-                left.append(i)
-        if len(left) == len(remaining):  # nothing adds a tag any more: fill in complexity order
-            k = budget - len(chosen)
-            chosen.extend((i, "fill") for i in left[:k])
-            left = left[k:]
-        remaining = left
-
-    idx = [i for i, _ in chosen]
+    idx = order[chosen]
     out = prompts.iloc[idx].copy().reset_index(drop=True)
-    out["tags"] = [tags.iloc[i] for i in idx]
+    out["tags"] = [tag_lists[i] for i in idx]
     out["n_tags"] = [int(n_tags[i]) for i in idx]
     out["selection_order"] = list(range(len(idx)))
-    out["selection_reason"] = [r for _, r in chosen]
-
-    pool_tags = {t for ts in tags for t in ts}
-    got_tags = {t for ts in out["tags"] for t in ts}
+    out["selection_reason"] = [PASS_REASON[mode]] * (len(idx) - n_fill) + ["fill"] * n_fill
     report.update(
+        n_pool=n_pool,
+        n_duplicates_removed=n_duplicates,
         n_selected=len(out),
+        budget_met=float(len(out) == budget),
         n_passes=n_passes,
-        tag_coverage=len(got_tags) / max(1, len(pool_tags)),
-        mean_tags_pool=float(n_tags.mean()),
-        mean_tags_selected=float(out["n_tags"].mean()) if len(out) else 0.0,
+        n_fill=n_fill,
+        **_coverage_report(tags, out["tags"], cap),
     )
     return out, report
+
+
+def _coverage_report(pool_tags: pd.Series, selected_tags: pd.Series, cap: int | None) -> dict[str, float]:
+    """Tag coverage, mean tags per prompt, the largest tag share, and unselected prompts blocked by the cap."""
+    selected_counts = Counter(t for ts in selected_tags for t in ts)
+    at_cap = {t for t, c in selected_counts.items() if cap is not None and c >= cap}
+
+    def holding_capped(tag_lists: pd.Series) -> int:
+        return sum(any(t in at_cap for t in ts) for ts in tag_lists) if at_cap else 0
+
+    return {
+        "tag_coverage": len(selected_counts) / max(1, len({t for ts in pool_tags for t in ts})),
+        "mean_tags_pool": float(pool_tags.map(len).mean()) if len(pool_tags) else 0.0,
+        "mean_tags_selected": float(selected_tags.map(len).mean()) if len(selected_tags) else 0.0,
+        "max_tag_share_selected": max(selected_counts.values(), default=0) / max(1, len(selected_tags)),
+        "tag_cap": float(cap if cap is not None else len(selected_tags)),  # complexity_first: no cap
+        "n_blocked_by_cap": holding_capped(pool_tags) - holding_capped(selected_tags),
+    }
