@@ -27,10 +27,12 @@ def _run(seed=0, batch_size=2):
 def test_every_strategy_and_sample_over_every_prompt():
     responses, report = _run()
     validate_table("responses", responses)
-    assert len(responses) == 3 * (2 + 1) == report["n_responses"]
+    assert report["n_generated"] == 3 * (2 + 1)
+    assert len(responses) == report["n_responses"] == report["n_generated"] - report["duplicates_removed"]
+    assert not responses.duplicated(["prompt_id", "response"]).any()
     assert responses["response_id"].is_unique and set(responses["generator"]) == {"tiny"}
     names = responses["strategy"].map(lambda s: json.loads(s)["name"])
-    assert names.value_counts().to_dict() == {"hot": 6, "greedy": 3}
+    assert set(names) <= {"hot", "greedy"} and (names == "greedy").sum() == 3  # greedy: one per prompt
     assert report["tokens"] > 0 and report["tokens_per_second"] > 0
     # greedy responses are the same whatever the seed; sampled ones are reproducible for a seed
     again, _ = _run()
@@ -38,3 +40,28 @@ def test_every_strategy_and_sample_over_every_prompt():
     other, _ = _run(seed=1)
     greedy = names == "greedy"
     assert responses.loc[greedy, "response"].tolist() == other.loc[greedy, "response"].tolist()
+
+
+def test_identical_responses_to_a_prompt_are_kept_once():
+    # greedy twice gives the same text twice: only the smaller response_id survives
+    tok = models.build_tokenizer()
+    policy = models.build_policy(TINY, tok, seed=0).eval()
+    plan = (SamplingStrategy(name="g", temperature=0.0, n=2, max_new_tokens=5),)
+    responses, report = generate_responses(policy, tok, PROMPTS, plan, "tiny", batch_size=3, seed=0,
+                                           progress=False)
+    assert report["n_generated"] == 6 and report["duplicates_removed"] == 3 and len(responses) == 3
+
+
+def test_bad_prompts_fail_before_any_generation():
+    import pytest
+
+    from rlhf_core.generation.plan import GenerationInputError
+
+    tok = models.build_tokenizer()
+    policy = models.build_policy(TINY, tok, seed=0).eval()
+    empty = PROMPTS.assign(prompt=["What is 1+1?", "  ", "x"])
+    with pytest.raises(GenerationInputError, match=r"row 1 \(prompt_id p2\): empty prompt"):
+        generate_responses(policy, tok, empty, PLAN, "tiny", batch_size=2, seed=0, progress=False)
+    long = PROMPTS.assign(prompt=["What is 1+1?", "x" * 200, "y"])
+    with pytest.raises(GenerationInputError, match=r"row 1 \(prompt_id p2\): query is 206 tokens"):
+        generate_responses(policy, tok, long, PLAN, "tiny", batch_size=2, seed=0, progress=False)

@@ -18,13 +18,33 @@ def response_id(prompt_id: str, generator: str, strategy: str, k: int) -> str:
     return "r" + hashlib.sha256(f"{prompt_id}|{generator}|{strategy}|{k}".encode()).hexdigest()[:16]
 
 
+class GenerationInputError(ValueError):
+    """A prompt the plan cannot generate for; the message names the row and what to change."""
+
+
+def check_prompts(prompts: pd.DataFrame, tokenizer, max_positions: int, max_new_tokens: int) -> None:
+    """Fail before generating anything: empty prompts, and queries that leave no room to answer."""
+    for i, (pid, text) in enumerate(zip(prompts["prompt_id"], prompts["prompt"])):
+        if not isinstance(text, str) or not text.strip():
+            raise GenerationInputError(f"row {i} (prompt_id {pid}): empty prompt; remove it from the prompt set")
+        n = len(tokenizer(format_query(tokenizer, text), add_special_tokens=False)["input_ids"])
+        if n + max_new_tokens > max_positions:
+            raise GenerationInputError(
+                f"row {i} (prompt_id {pid}): query is {n} tokens + max_new_tokens {max_new_tokens} > the "
+                f"model's {max_positions} positions; shorten the prompt or lower max_new_tokens"
+            )
+
+
 def generate_responses(model, tokenizer, prompts: pd.DataFrame, strategies, generator: str, batch_size: int,
                        seed: int, progress: bool = True) -> tuple[pd.DataFrame, dict]:
-    """Return the responses table (one row per response) and a report with tokens/s.
+    """Return the responses table (one row per distinct response) and a report with tokens/s.
 
     Prompts are sorted by length so each batch pads little; each batch has its own seed, so the
     output does not depend on how many batches ran before (a resumed run gives the same rows).
+    Identical responses to one prompt are kept once (the smallest response_id).
     """
+    longest = max((s.max_new_tokens for s in strategies), default=0)
+    check_prompts(prompts, tokenizer, model.config.max_position_embeddings, longest)
     model.eval()
     order = prompts.assign(_len=prompts["prompt"].str.len()).sort_values(["_len", "prompt_id"], kind="stable")
     rows, n_tokens, start = [], 0, time.time()
@@ -52,9 +72,12 @@ def generate_responses(model, tokenizer, prompts: pd.DataFrame, strategies, gene
             bar.update(1)
     bar.close()
     seconds = time.time() - start
-    responses = pd.DataFrame(rows).sort_values(["prompt_id", "response_id"]).reset_index(drop=True)
+    generated = pd.DataFrame(rows).sort_values(["prompt_id", "response_id"])
+    responses = generated.drop_duplicates(["prompt_id", "response"]).reset_index(drop=True)
     n_distinct = responses.groupby("prompt_id")["response"].nunique().mean() if len(responses) else 0.0
     report = {
+        "n_generated": len(generated),
+        "duplicates_removed": len(generated) - len(responses),
         "n_responses": len(responses),
         "tokens": n_tokens,
         "tokens_per_second": n_tokens / max(seconds, 1e-9),
