@@ -1,0 +1,67 @@
+"""Data-parallel, resumable generation worker: every rank generates its shards, rank 0 reports.
+
+    ACCELERATE_USE_CPU=1 accelerate launch --multi_gpu --num_processes 2 --num_machines 1 \
+        --mixed_precision no --dynamo_backend no --main_process_port P \
+        -m rlhf_core.workers.generate --policy DIR --prompts PARQUET --config GEN.json \
+        --generator NAME --seed N --shard-dir DIR
+
+(`accelerate launch --cpu --num_processes 2` silently starts one process; see STACK-NOTES.) A plain
+`python -m rlhf_core.workers.generate ...` runs as a single rank. Re-running skips finished shards.
+The main process writes shard_dir/world_size.txt and prints `n_shards=<N>` once all ranks are done.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+import pandas as pd
+import torch
+from accelerate import Accelerator
+
+from rlhf_core import models
+from rlhf_core.artifacts import atomic_write_text
+from rlhf_core.config import GenerationConfig
+from rlhf_core.generation.shards import generate_sharded, n_shards
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--policy", required=True, help="Hugging Face directory with policy + tokenizer")
+    p.add_argument("--prompts", required=True, help="Parquet with prompt_id and prompt columns")
+    p.add_argument("--config", required=True, help="GenerationConfig as a JSON file")
+    p.add_argument("--generator", required=True, help="written into every row's generator column")
+    p.add_argument("--seed", type=int, required=True)
+    p.add_argument("--shard-dir", required=True)
+    p.add_argument("--shard-size", type=int, default=256, help="prompts per shard; fixed for a run and its resumes")
+    p.add_argument("--progress", action="store_true")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    accelerator = Accelerator(cpu=not torch.cuda.is_available())
+    rank, world_size = accelerator.process_index, accelerator.num_processes
+    # The cores are shared by the ranks on this machine; torch's default would oversubscribe them.
+    threads = int(os.environ.get("RLHF_TORCH_THREADS", "0")) or max(1, (os.cpu_count() or 1) // world_size)
+    torch.set_num_threads(threads)
+
+    cfg = GenerationConfig.model_validate_json(Path(args.config).read_text())
+    prompts = pd.read_parquet(args.prompts, columns=["prompt_id", "prompt"])
+    model = models.load_policy(args.policy).to(accelerator.device)
+    tokenizer = models.load_tokenizer(args.policy)
+    shard_dir = Path(args.shard_dir)
+
+    generate_sharded(model, tokenizer, prompts, cfg.strategies, generator=args.generator,
+                     batch_size=cfg.batch_size, seed=args.seed, shard_dir=shard_dir, rank=rank,
+                     world_size=world_size, shard_size=args.shard_size, progress=args.progress)
+    accelerator.wait_for_everyone()
+    if accelerator.is_main_process:
+        atomic_write_text(shard_dir / "world_size.txt", f"{world_size}\n")
+        print(f"n_shards={n_shards(len(prompts), args.shard_size)} world_size={world_size}", flush=True)
+    accelerator.end_training()  # destroys the process group cleanly
+
+
+if __name__ == "__main__":
+    main()
