@@ -108,6 +108,10 @@ class GenerationConfig(StrictModel):
         SamplingStrategy(name="t0.7-p0.9", temperature=0.7, top_p=0.9, n=2),
     )
     batch_size: int = Field(64, ge=1)
+    num_processes: int = Field(
+        1, ge=1, description="> 1: data-parallel worker ranks (accelerate), sharded and resumable; 1: in-process"
+    )
+    shard_size: int = Field(256, ge=1, description="prompts per shard of the multi-process path")
 
 
 class AnnotationConfig(StrictModel):

@@ -12,6 +12,7 @@ stage execution:
 from __future__ import annotations
 
 import logging
+import shutil
 import subprocess
 import time
 from dataclasses import dataclass
@@ -72,10 +73,15 @@ def code_version() -> str:
 
 @dataclass
 class StageRun:
-    """The nested MLflow run of one stage, handed to `produce` so it can log as it goes."""
+    """The nested MLflow run of one stage, handed to `produce` so it can log as it goes.
+
+    `scratch` is a directory that survives a killed execution (it is named by the cache key) and
+    is removed once the artifact is committed: shards or checkpoints a re-run resumes from.
+    """
 
     tracker: Tracker
     run_id: str
+    scratch: Path
 
     def log_metrics(self, metrics: dict[str, float], step: int = 0) -> None:
         self.tracker.log_metrics(self.run_id, metrics, step)
@@ -137,13 +143,15 @@ def run_stage(
             return hit
 
         start = time.time()
+        scratch = Path(ctx.workdir) / "scratch" / f"{stage}-{key[:16]}"
         with store.staging() as staged:
-            metrics = dict(produce(staged, StageRun(tracker, run_id)))
+            metrics = dict(produce(staged, StageRun(tracker, run_id, scratch)))
             metrics["time/stage_seconds"] = time.time() - start
             ref = store.commit(
                 staged, kind=kind, stage=stage, stage_version=version, code_version=code_version(),
                 config=cfg_dict, config_digest=cfg_digest, inputs=inputs, cache_key=key, metrics=metrics,
             )
+        shutil.rmtree(scratch, ignore_errors=True)  # committed: nothing left to resume
         tracker.log_metrics(run_id, metrics)
         tracker.set_tags(run_id, {"rlhf.cache": "miss", "rlhf.output": f"{ref.kind}:{ref.digest}",
                                   "rlhf.output_path": ref.path})

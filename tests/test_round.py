@@ -129,3 +129,21 @@ def test_iterated_rounds_improve_the_previous_policy(two_rounds):
     assert r2["artifacts"]["sft"] == r1["artifacts"]["sft"]
     client = MlflowClient(r2["mlflow"]["tracking_uri"])
     assert client.get_run(r2["mlflow"]["run_id"]).data.tags["rlhf.round_no"] == "2"
+
+
+def test_generation_stage_launches_two_worker_ranks(prefect_api, tmp_path):
+    """generation.num_processes=2: the task launches an accelerate group of 2 CPU ranks."""
+    from flows.round import rlhf_round
+    from rlhf_core.artifacts import ArtifactStore
+    from rlhf_core.schemas import read_table
+
+    cfg = load_config(CONFIG, overrides=[f"workdir={tmp_path}", "generation.num_processes=2",
+                                         "generation.shard_size=8"])
+    summary = rlhf_round(config=cfg, stop_after="generate")
+    store = ArtifactStore(tmp_path / "artifacts")
+    ref = store.find("responses", summary["artifacts"]["generate"]["digest"])
+    metrics = store.manifest(ref).metrics
+    assert metrics["generation/world_size"] == 2 and metrics["generation/n_shards"] == 3  # 24 prompts / 8
+    responses = read_table("responses", ref.file("responses.parquet"))
+    assert responses["prompt_id"].nunique() == cfg.sampling.n_samples
+    assert not any((tmp_path / "scratch").iterdir())  # committed: the shards are gone
