@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rlhf_core.annotation.text_pairs import import_text_pairs, split_hh_dialogue
+from rlhf_core.annotation.text_pairs import detect_format, import_text_pairs, split_hh_dialogue
 from rlhf_core.schemas import validate_table
 
 HH_200 = Path(__file__).parent / "data" / "hh-rlhf" / "pairs-200.jsonl.gz"
@@ -97,15 +97,121 @@ def test_trl_round_trip(tmp_path):
     pd.testing.assert_frame_equal(trl, hh)
 
 
+def user(text: str) -> dict:
+    return {"role": "user", "content": text}
+
+
+def assistant(text: str) -> dict:
+    return {"role": "assistant", "content": text}
+
+
+def write_objects(path: Path, objects: list) -> Path:
+    return write_lines(path, [json.dumps(o).encode() for o in objects])
+
+
+def test_trl_messages_match_the_same_dialogues_in_hh_form(tmp_path):
+    turns = [("Hi", "Hello!", "How do I bake bread?", "Mix flour, water, yeast.", "No idea."),
+             ("Best pet?", "Cats.", "Why?", "They purr.", "Dunno.")]  # fmt: skip
+    hh = [{"chosen": dialogue(*t[:4]), "rejected": dialogue(*t[:3], t[4])} for t in turns]
+    conversational = [
+        {"prompt": [user(q1), assistant(a1), user(q2)], "chosen": [assistant(good)], "rejected": [assistant(bad)]}
+        for q1, a1, q2, good, bad in turns
+    ]
+    from_hh, _ = import_text_pairs(write_objects(tmp_path / "hh.jsonl", hh), "hh")
+    from_messages, quarantine = import_text_pairs(write_objects(tmp_path / "msg.jsonl", conversational), "trl_messages")
+    assert quarantine.empty
+    pd.testing.assert_frame_equal(from_messages, from_hh)
+    prompt = "\n\nHuman: Hi\n\nAssistant: Hello!\n\nHuman: How do I bake bread?\n\nAssistant:"
+    assert from_messages["prompt"].iloc[0] == prompt
+    assert from_messages["chosen"].iloc[0] == "Mix flour, water, yeast."
+
+
+def test_trl_messages_other_roles_and_several_replies(tmp_path):
+    row = {
+        "prompt": [{"role": "system", "content": "Be brief."}, {"role": "tool", "content": "42"}, user("Answer?")],
+        "chosen": [assistant("It is"), assistant("42.")],
+        "rejected": [assistant("No.")],
+    }
+    comparisons, _ = import_text_pairs(write_objects(tmp_path / "msg.jsonl", [row]), "trl_messages")
+    assert comparisons["prompt"].iloc[0] == "\n\nSystem: Be brief.\n\nTool: 42\n\nHuman: Answer?\n\nAssistant:"
+    assert comparisons["chosen"].iloc[0] == "It is\n\n42."
+
+
+def test_every_bad_message_list_is_quarantined(tmp_path):
+    good = {"prompt": [user("Q")], "chosen": [assistant("yes")], "rejected": [assistant("no")]}
+    rows = [
+        good,
+        {**good, "prompt": "Q"},  # not a list
+        {**good, "chosen": []},  # empty list
+        {**good, "prompt": [user("Q"), "A"]},  # item not an object
+        {**good, "rejected": [{"content": "no"}]},  # no role
+        {**good, "chosen": [{"role": "assistant"}]},  # no content
+        {**good, "chosen": [{"role": "assistant", "content": 7}]},  # content not a string
+        {**good, "chosen": [assistant(" ")]},
+        {"prompt": [user("Q")], "chosen": [assistant("yes")]},
+    ]
+    comparisons, quarantine = import_text_pairs(write_objects(tmp_path / "msg.jsonl", rows), "trl_messages")
+    assert len(comparisons) == 1
+    assert quarantine["reason"].tolist() == ["bad_messages"] * 6 + ["empty_text", "missing_field"]
+    assert quarantine["detail"].iloc[2] == "prompt[1] is a JSON str, not an object"
+    assert quarantine["detail"].iloc[3] == "rejected[0] has no string 'role'"
+
+
+def test_margin_labels_map_to_llama2_margins(tmp_path):
+    labels = ["significantly better", "better", "slightly better", "negligibly better", "unsure"]
+    labels += [None, "much better", 3]  # no label (NaN), then two bad ones
+    rows = [{"prompt": f"q{i}", "chosen": "a", "rejected": "b", "margin_label": x} for i, x in enumerate(labels)]
+    rows.append({"prompt": "no label", "chosen": "a", "rejected": "b"})
+    comparisons, quarantine = import_text_pairs(write_objects(tmp_path / "trl.jsonl", rows), "trl")
+    assert comparisons["margin"].dtype == float
+    assert comparisons["margin"].tolist()[:5] == [3.0, 2.0, 1.0, 0.0, 0.0]
+    assert comparisons["margin"].iloc[5:].isna().all() and len(comparisons) == 7
+    assert quarantine["reason"].tolist() == ["bad_margin_label", "bad_margin_label"]
+    assert quarantine["source_index"].tolist() == [6, 7]
+    hh = {"chosen": dialogue("Q", "yes"), "rejected": dialogue("Q", "no"), "margin_label": "better"}
+    assert import_text_pairs(write_objects(tmp_path / "hh.jsonl", [hh]), "hh")[0]["margin"].tolist() == [2.0]
+
+
+def test_detect_format_on_each_kind(tmp_path):
+    noise = [b"", b"not json", b"[1, 2]", b'{"id": 1}']  # skipped or undecided before the telling line
+    messages = {"prompt": [user("Q")], "chosen": [assistant("a")], "rejected": [assistant("b")]}
+    cases = {
+        "trl_messages": messages,
+        "trl": {"prompt": "Q", "chosen": "a", "rejected": "b"},
+        "hh": {"chosen": dialogue("Q", "a"), "rejected": dialogue("Q", "b")},
+    }
+    for fmt, row in cases.items():
+        path = write_lines(tmp_path / f"{fmt}.jsonl.gz", [*noise, json.dumps(row).encode()], gz=True)
+        assert detect_format(path) == fmt
+        comparisons, quarantine = import_text_pairs(path)  # fmt="auto" by default
+        assert len(comparisons) == 1 and comparisons["chosen"].iloc[0] == "a"
+        assert len(quarantine) == 3
+
+
+def test_detect_format_explains_what_it_saw(tmp_path):
+    rows = [{"question": "Q", "answer": "a"}] * 20 + [{"prompt": "Q", "chosen": "a", "rejected": "b"}]
+    path = write_objects(tmp_path / "odd.jsonl", rows)
+    with pytest.raises(ValueError, match=r"from 20 JSON object line\(s\).*'answer', 'question'.*fmt='trl_messages'"):
+        detect_format(path)
+    with pytest.raises(ValueError, match="pass fmt="):
+        import_text_pairs(write_lines(tmp_path / "empty.jsonl", [b""]), "auto")
+
+
+messages = st.lists(
+    st.one_of(st.builds(user, st.text(max_size=5)), st.builds(assistant, st.sampled_from(["", "a"])), st.integers()),
+    max_size=3,
+)
 values = st.one_of(
+    messages,
+
     st.text(max_size=20),
     st.builds(dialogue, st.text(max_size=10), st.text(max_size=10)),
-    st.sampled_from(["", " ", "\ud800", "x" * 60]),
+    st.sampled_from(["", " ", "\ud800", "x" * 60, "better", "unsure"]),
     st.integers(),
     st.none(),
 )
 objects = st.one_of(
-    st.dictionaries(st.sampled_from(["prompt", "chosen", "rejected", "other"]), values, max_size=4),
+    st.dictionaries(st.sampled_from(["prompt", "chosen", "rejected", "margin_label", "other"]), values, max_size=5),
     st.builds(  # a well-formed HH pair, so that some rows are accepted
         lambda q, a, b: {"chosen": dialogue(q, a), "rejected": dialogue(q, b)},
         st.text(max_size=5), st.sampled_from(["yes", "", "x" * 60]), st.sampled_from(["no", " ", "yes"]),
@@ -120,7 +226,7 @@ lines = st.one_of(
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.lists(lines, max_size=12), st.integers(0, 4), st.sampled_from(["hh", "trl"]), st.booleans())
+@given(st.lists(lines, max_size=12), st.integers(0, 4), st.sampled_from(["hh", "trl", "trl_messages"]), st.booleans())
 def test_import_never_raises_and_keeps_every_row(rows, n_repeated, fmt, gz):
     rows = rows + rows[:n_repeated]  # repeated lines: duplicates
     with tempfile.TemporaryDirectory() as tmp:

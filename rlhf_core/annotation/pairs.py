@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
+import hashlib
+
 import pandas as pd
+
+
+def comparison_pair_id(prompt_id: str, chosen_id: str, rejected_id: str) -> str:
+    """The id of a comparison formed outside an annotation tool: a hash of its three ids."""
+    return "c" + hashlib.sha256(f"{prompt_id}|{chosen_id}|{rejected_id}".encode("utf-8")).hexdigest()[:16]
 
 
 def aggregate_majority(annotations: pd.DataFrame, responses: pd.DataFrame) -> tuple[pd.DataFrame, dict]:

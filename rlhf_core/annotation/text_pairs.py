@@ -1,9 +1,16 @@
 """Import of text preference pairs from JSONL (plain or gzip) into the comparisons table.
 
-Two formats, one JSON object per line:
+Three formats, one JSON object per line (`detect_format` tells them apart, fmt="auto"):
 - "trl": `{"prompt": ..., "chosen": ..., "rejected": ...}`, TRL's plain-text preference form.
+- "trl_messages": the same keys holding lists of `{"role": ..., "content": ...}` messages, TRL's
+  conversational form. Stored as text: prompt = "\\n\\n<Role>: <content>" per message plus a final
+  "\\n\\nAssistant:" (the HH convention; role "user" is written "Human", so the same dialogue gets
+  the same prompt_id in both formats); chosen / rejected = their messages' contents joined by "\\n\\n".
 - "hh":  `{"chosen": ..., "rejected": ...}`, HH-RLHF's whole dialogues sharing every turn but the
   last Assistant reply; `split_hh_dialogue` cuts them into prompt and replies.
+
+Any format may carry a Llama-2-style "margin_label" (see MARGIN_BY_LABEL); it becomes the extra
+column `margin` (float, NaN for a row without one, absent or null).
 
 The file (gzip if its name ends in ".gz") is read in binary, line by line (large files stream),
 and each line is decoded by itself, so one bad line is quarantined instead of stopping the
@@ -17,16 +24,19 @@ line number in the file, `reason`, `detail`, `raw` = the line as text): accepted
     not_an_object    JSON, but not an object
     missing_field    a required field is absent
     not_a_string     a required field is not a string
+    bad_messages     "trl_messages": a field is not a non-empty list of objects with string
+                     "role" and "content"
     empty_text       a field (or, for "hh", a split-off reply) is empty or whitespace only
     prefix_mismatch  "hh": no "\\n\\nAssistant:" marker, or the dialogues differ before the last reply
     oversized_field  prompt, chosen or rejected longer than `max_field_chars` characters
     self_pair        chosen == rejected
+    bad_margin_label "margin_label" present but not one of MARGIN_BY_LABEL
     duplicate        same prompt, chosen and rejected as an earlier accepted row of the file
 
 Ids are content hashes, so importing the same file twice gives identical tables:
     prompt_id = "p" + sha256(prompt)[:16]
     chosen_id = "r" + sha256(prompt + "\\0" + chosen)[:16]   (rejected_id likewise)
-    pair_id   = "c" + sha256(prompt_id + chosen_id + rejected_id)[:16]
+    pair_id   = pairs.comparison_pair_id(prompt_id, chosen_id, rejected_id)
 """
 
 from __future__ import annotations
@@ -42,11 +52,30 @@ from typing import Literal
 import pandas as pd
 
 from rlhf_core.annotation.label_studio import QUARANTINE_COLUMNS, ImportFormatError
+from rlhf_core.annotation.pairs import comparison_pair_id
 from rlhf_core.schemas import TABLES, validate_table
 
 ASSISTANT = "\n\nAssistant:"
-FIELDS = {"trl": ("prompt", "chosen", "rejected"), "hh": ("chosen", "rejected")}
+FIELDS = {
+    "trl": ("prompt", "chosen", "rejected"),
+    "trl_messages": ("prompt", "chosen", "rejected"),
+    "hh": ("chosen", "rejected"),
+}
 COMPARISON_COLUMNS = [c.name for c in TABLES["comparisons"].columns]
+OUTPUT_COLUMNS = [*COMPARISON_COLUMNS, "margin"]
+ROLE_NAMES = {"user": "Human", "assistant": "Assistant", "system": "System"}  # others: capitalised
+DETECT_LINES = 20
+
+# Llama 2 (Touvron et al. 2023) §3.2.2: annotators also rate how much better the chosen reply is,
+# and the reward model's loss subtracts a discrete margin per rating (these are the 3/2/1/0 of
+# their "Margin Large", Table 28).
+MARGIN_BY_LABEL = {
+    "significantly better": 3.0,
+    "better": 2.0,
+    "slightly better": 1.0,
+    "negligibly better": 0.0,
+    "unsure": 0.0,
+}
 
 
 class _Rejected(Exception):
@@ -102,21 +131,31 @@ def _load(line: bytes) -> object:
         raise _Rejected("malformed_json", str(err)[:200]) from None
 
 
-def _fields(obj: object, names: tuple[str, ...]) -> list[str]:
-    """The named string fields of a JSON object, each valid, non-empty Unicode."""
+def _object(obj: object, names: tuple[str, ...]) -> dict:
+    """`obj` itself, checked to be a JSON object holding every named field."""
     if not isinstance(obj, dict):
         raise _Rejected("not_an_object", f"got a JSON {type(obj).__name__}")
     for name in names:
         if name not in obj:
             raise _Rejected("missing_field", f"no {name!r} field; present: {sorted(obj)[:10]}")
+    return obj
+
+
+def _check_unicode(name: str, text: str) -> None:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise _Rejected("undecodable", f"{name!r} contains a lone surrogate escape") from None
+
+
+def _fields(obj: object, names: tuple[str, ...]) -> list[str]:
+    """The named string fields of a JSON object, each valid, non-empty Unicode."""
+    obj = _object(obj, names)
     for name in names:
         if not isinstance(obj[name], str):
             raise _Rejected("not_a_string", f"{name!r} is a JSON {type(obj[name]).__name__}")
     for name in names:
-        try:
-            obj[name].encode("utf-8")
-        except UnicodeEncodeError:
-            raise _Rejected("undecodable", f"{name!r} contains a lone surrogate escape") from None
+        _check_unicode(name, obj[name])
     _check_not_empty({name: obj[name] for name in names})
     return [obj[name] for name in names]
 
@@ -127,17 +166,59 @@ def _check_not_empty(texts: dict[str, str]) -> None:
             raise _Rejected("empty_text", f"{name!r} is empty or whitespace only")
 
 
-def _parse(line: bytes, fmt: str, max_field_chars: int) -> dict[str, str]:
-    """{prompt, chosen, rejected} of one row, or raise _Rejected."""
-    obj = _load(line)
+def _messages(name: str, value: object) -> list[dict]:
+    """A non-empty list of {"role": str, "content": str, ...} messages, or raise bad_messages."""
+    if not isinstance(value, list) or not value:
+        raise _Rejected("bad_messages", f"{name!r} is not a non-empty list of messages")
+    for i, message in enumerate(value):
+        if not isinstance(message, dict):
+            raise _Rejected("bad_messages", f"{name}[{i}] is a JSON {type(message).__name__}, not an object")
+        for key in ("role", "content"):
+            if not isinstance(message.get(key), str):
+                raise _Rejected("bad_messages", f"{name}[{i}] has no string {key!r}")
+            _check_unicode(f"{name}[{i}].{key}", message[key])
+    return value
+
+
+def _conversation(obj: object) -> tuple[str, str, str]:
+    """(prompt, chosen, rejected) as text from TRL's conversational form (see the module docstring)."""
+    obj = _object(obj, FIELDS["trl_messages"])
+    prompt, chosen, rejected = (_messages(name, obj[name]) for name in FIELDS["trl_messages"])
+    turns = "".join(f"\n\n{ROLE_NAMES.get(m['role'], m['role'].capitalize())}: {m['content']}" for m in prompt)
+    chosen_text = "\n\n".join(m["content"] for m in chosen)
+    rejected_text = "\n\n".join(m["content"] for m in rejected)
+    _check_not_empty({"chosen": chosen_text, "rejected": rejected_text})
+    return turns + ASSISTANT, chosen_text, rejected_text
+
+
+def _texts(obj: object, fmt: str) -> tuple[str, str, str]:
+    """(prompt, chosen, rejected) of one parsed row, or raise _Rejected."""
     if fmt == "trl":
-        prompt, chosen, rejected = _fields(obj, FIELDS["trl"])
-    else:
-        try:
-            prompt, chosen, rejected = split_hh_dialogue(*_fields(obj, FIELDS["hh"]))
-        except ValueError as err:
-            raise _Rejected("prefix_mismatch", str(err)) from None
-        _check_not_empty({"chosen reply": chosen, "rejected reply": rejected})
+        return tuple(_fields(obj, FIELDS["trl"]))
+    if fmt == "trl_messages":
+        return _conversation(obj)
+    try:
+        prompt, chosen, rejected = split_hh_dialogue(*_fields(obj, FIELDS["hh"]))
+    except ValueError as err:
+        raise _Rejected("prefix_mismatch", str(err)) from None
+    _check_not_empty({"chosen reply": chosen, "rejected reply": rejected})
+    return prompt, chosen, rejected
+
+
+def _margin(obj: dict) -> float:
+    """The numeric margin of the row's "margin_label" (MARGIN_BY_LABEL); NaN when it has none."""
+    label = obj.get("margin_label")
+    if label is None:
+        return float("nan")
+    if not isinstance(label, str) or label not in MARGIN_BY_LABEL:
+        raise _Rejected("bad_margin_label", f"margin_label {label!r}; known: {list(MARGIN_BY_LABEL)}")
+    return MARGIN_BY_LABEL[label]
+
+
+def _parse(line: bytes, fmt: str, max_field_chars: int) -> tuple[dict[str, str], float]:
+    """({prompt, chosen, rejected}, margin) of one row, or raise _Rejected."""
+    obj = _load(line)
+    prompt, chosen, rejected = _texts(obj, fmt)
     texts = {"prompt": prompt, "chosen": chosen, "rejected": rejected}
     for name, text in texts.items():
         if len(text) > max_field_chars:
@@ -145,7 +226,7 @@ def _parse(line: bytes, fmt: str, max_field_chars: int) -> dict[str, str]:
             raise _Rejected("oversized_field", detail)
     if chosen == rejected:
         raise _Rejected("self_pair", "chosen == rejected")
-    return texts
+    return texts, _margin(obj)
 
 
 def _comparison(prompt: str, chosen: str, rejected: str) -> dict:
@@ -153,7 +234,7 @@ def _comparison(prompt: str, chosen: str, rejected: str) -> dict:
     chosen_id = "r" + _sha16(prompt + "\0" + chosen)
     rejected_id = "r" + _sha16(prompt + "\0" + rejected)
     return {
-        "pair_id": "c" + _sha16(prompt_id + chosen_id + rejected_id),
+        "pair_id": comparison_pair_id(prompt_id, chosen_id, rejected_id),
         "prompt_id": prompt_id,
         "prompt": prompt,
         "chosen": chosen,
@@ -165,12 +246,52 @@ def _comparison(prompt: str, chosen: str, rejected: str) -> dict:
     }
 
 
+def _kind(obj: dict) -> Literal["hh", "trl", "trl_messages"] | None:
+    prompt = obj.get("prompt")
+    if isinstance(prompt, list):
+        return "trl_messages"
+    if isinstance(prompt, str):
+        return "trl"
+    if "prompt" not in obj and "chosen" in obj and "rejected" in obj:
+        return "hh"
+    return None
+
+
+def detect_format(path: str | Path) -> Literal["hh", "trl", "trl_messages"]:
+    """The format of a JSONL file of text pairs, told by the first of its first DETECT_LINES
+    JSON-object lines that fits one: "prompt" a list → "trl_messages", a string → "trl";
+    no "prompt" but "chosen" and "rejected" → "hh". None fits: ImportFormatError (a ValueError).
+    """
+    seen: list[list[str]] = []
+    for _, line in _lines(Path(path)):
+        try:
+            obj = _load(line) if line.strip() else None
+        except _Rejected:
+            continue
+        if not isinstance(obj, dict):
+            continue
+        if kind := _kind(obj):
+            return kind
+        seen.append(sorted(obj)[:8])
+        if len(seen) == DETECT_LINES:
+            break
+    raise ImportFormatError(
+        f"{path}: cannot tell the text-pair format from {len(seen)} JSON object line(s) "
+        f"(keys of the first: {seen[:3]}); pass fmt='hh', fmt='trl' or fmt='trl_messages'"
+    )
+
+
 def import_text_pairs(
-    path: str | Path, fmt: Literal["hh", "trl"], max_field_chars: int = 20_000
+    path: str | Path, fmt: Literal["auto", "hh", "trl", "trl_messages"] = "auto", max_field_chars: int = 20_000
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Return (comparisons, quarantine) from a JSONL file of text pairs (see the module docstring)."""
+    """Return (comparisons + `margin`, quarantine) from a JSONL file of text pairs (see the module docstring).
+
+    fmt="auto" asks `detect_format`, which raises ImportFormatError on a file it cannot tell (an empty one too).
+    """
+    if fmt == "auto":
+        fmt = detect_format(path)
     if fmt not in FIELDS:
-        raise ValueError(f"unknown format {fmt!r}; known: {sorted(FIELDS)}")
+        raise ValueError(f"unknown format {fmt!r}; known: {['auto', *FIELDS]}")
     accepted, quarantined, n_rows = [], [], 0
     seen: set[str] = set()
     for number, line in _lines(Path(path)):
@@ -178,7 +299,8 @@ def import_text_pairs(
             continue
         n_rows += 1
         try:
-            row = _comparison(**_parse(line, fmt, max_field_chars))
+            texts, margin = _parse(line, fmt, max_field_chars)
+            row = {**_comparison(**texts), "margin": margin}
             if row["pair_id"] in seen:
                 raise _Rejected("duplicate", f"same pair as an earlier row (pair_id {row['pair_id']})")
         except _Rejected as rejected:
@@ -187,7 +309,8 @@ def import_text_pairs(
             continue
         seen.add(row["pair_id"])
         accepted.append(row)
-    comparisons = validate_table("comparisons", pd.DataFrame(accepted, columns=COMPARISON_COLUMNS))
+    comparisons = pd.DataFrame(accepted, columns=OUTPUT_COLUMNS).astype({"margin": float})
+    validate_table("comparisons", comparisons)
     quarantine = pd.DataFrame(quarantined, columns=QUARANTINE_COLUMNS)
     if len(comparisons) + len(quarantine) != n_rows:  # the invariant the whole import rests on
         raise AssertionError(f"import lost rows: {len(comparisons)} + {len(quarantine)} != {n_rows}")
