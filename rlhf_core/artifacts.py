@@ -21,7 +21,7 @@ import tempfile
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, BinaryIO, Callable, Iterator
 
 from pydantic import BaseModel, ConfigDict
 
@@ -94,20 +94,25 @@ def cache_key(stage: str, stage_version: str, config_digest: str, input_digests:
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
-def atomic_write_text(path: str | Path, text: str) -> None:
-    """Write a file so that readers see either the old content or the whole new one."""
+def atomic_write(path: str | Path, write: Callable[[BinaryIO], None]) -> None:
+    """Write a file so that readers see either the old content or the whole new one:
+    `write` fills a temp file in the same directory, which is fsynced and renamed over `path`."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
+        with os.fdopen(fd, "wb") as f:
+            write(f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def atomic_write_text(path: str | Path, text: str) -> None:
+    atomic_write(path, lambda f: f.write(text.encode("utf-8")))
 
 
 class ArtifactStore:

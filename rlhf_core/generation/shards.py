@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import tempfile
 import time
 from pathlib import Path
 
@@ -24,6 +22,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from rlhf_core.artifacts import atomic_write
 from rlhf_core.generation.plan import generate_responses
 
 REPORT_KEY = b"rlhf.shard_report"  # Parquet schema-metadata key holding the shard's report (JSON)
@@ -42,21 +41,12 @@ def shard_path(shard_dir: str | Path, k: int) -> Path:
 
 
 def _write_shard(path: Path, responses: pd.DataFrame, report: dict) -> None:
-    """Write a shard atomically: a temp file in the same directory, fsync, then os.replace."""
+    """Write a shard atomically (a reader or a resumed run never sees half a shard)."""
     table = pa.Table.from_pandas(responses.reset_index(drop=True), preserve_index=False)
     meta = dict(table.schema.metadata or {})
     meta[REPORT_KEY] = json.dumps(report, sort_keys=True).encode()
     table = table.replace_schema_metadata(meta)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            pq.write_table(table, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    atomic_write(path, lambda f: pq.write_table(table, f))
 
 
 def generate_sharded(model, tokenizer, prompts: pd.DataFrame, strategies, generator: str, batch_size: int,
