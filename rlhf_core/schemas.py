@@ -88,6 +88,20 @@ TABLES: dict[str, TableSchema] = {
             doc="one annotator judgement as imported",
         ),
         TableSchema(
+            "scores",
+            (
+                Column("score_id", S, "annotation_id + ':' + response_id"),
+                Column("annotation_id", S, "the judgement it came from (a ranking gives several rows)"),
+                Column("prompt_id", S),
+                Column("response_id", S),
+                Column("score", F, "higher is better; a rank r is scored -r"),
+                Column("annotator", S),
+                Column("raw", S, "the source row as exported, JSON or text"),
+            ),
+            key=("score_id",),
+            doc="one annotator's score of one response, as imported",
+        ),
+        TableSchema(
             "comparisons",
             (
                 Column("pair_id", S),

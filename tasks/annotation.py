@@ -1,47 +1,64 @@
-"""Stage 3: annotation. Comparison tasks go to annotators (simulated, or a real export is given)
-and their Label Studio export is imported into annotations + comparison pairs + quarantine."""
+"""Stage 3: annotation. Comparison tasks go to annotators (simulated, or real exports are given)
+and every export is imported into judgements + comparison pairs + quarantine."""
 
 from __future__ import annotations
 
 import json
+import math
 import shutil
 from pathlib import Path
 
+import pandas as pd
 from prefect import task
+from prefect.artifacts import create_table_artifact
 from prefect.cache_policies import NO_CACHE
 
-from rlhf_core.annotation.label_studio import import_label_studio, read_export
-from rlhf_core.annotation.pairs import aggregate_majority
+from rlhf_core.annotation.importer import import_files
 from rlhf_core.annotation.tasks import make_comparison_tasks
 from rlhf_core.artifacts import ArtifactRef, sha256_file
 from rlhf_core.config import AnnotationConfig, WorldConfig
+from rlhf_core.paths import allowed_roots, resolve_allowed
 from rlhf_core.schemas import read_table, write_table
 from rlhf_core.sim.annotators import simulate_label_studio_export
 from rlhf_core.sim.metrics import gold_agreement_of_pairs
 from tasks.common import RunContext, StageRun, run_stage
 
-COLLECT_VERSION = "1"
-IMPORT_VERSION = "1"
+COLLECT_VERSION = "2"
+IMPORT_VERSION = "2"
+SIMULATED_EXPORT = "00-simulated-label-studio.json"
+
+
+def export_files(cfg: AnnotationConfig, workdir: str) -> list[Path]:
+    """The configured export files, resolved and checked to lie under the allowed roots."""
+    roots = allowed_roots(workdir)
+    files = [resolve_allowed(p, f"annotation.exports[{i}]", roots) for i, p in enumerate(cfg.exports)]
+    for field, f in zip(cfg.exports, files):
+        if not f.is_file():
+            raise ValueError(f"annotation.exports: {field} is not a file")
+    return files
 
 
 @task(name="annotators", version=COLLECT_VERSION, cache_policy=NO_CACHE)
 def collect_annotations(ctx: RunContext, cfg: AnnotationConfig, world: WorldConfig, responses: ArtifactRef,
                         seed: int) -> ArtifactRef:
-    """The annotators' export: a user-given file, or the simulated crowd labelling our tasks."""
+    """The annotators' exports: the user's files (copied, in order), or the simulated crowd's."""
+    files = export_files(cfg, ctx.workdir)
 
     def produce(out: Path, run: StageRun) -> dict[str, float]:
-        if cfg.export_path:
-            shutil.copyfile(cfg.export_path, out / "export.json")
-            return {"annotators/simulated": 0.0}
+        (out / "exports").mkdir()
+        if files:
+            for i, f in enumerate(files):
+                shutil.copyfile(f, out / "exports" / f"{i:02d}-{f.name}")
+            return {"annotators/simulated": 0.0, "annotators/n_files": len(files)}
         table = read_table("responses", responses.file("responses.parquet"))
         tasks = make_comparison_tasks(table, cfg.pairs_per_prompt, seed=seed)
         export = simulate_label_studio_export(tasks, world, seed=seed)
-        (out / "export.json").write_text(json.dumps(export, indent=1))
+        (out / "exports" / SIMULATED_EXPORT).write_text(json.dumps(export, indent=1))
         return {"annotators/simulated": 1.0, "annotators/n_tasks": len(tasks)}
 
-    config = {"annotation": cfg.model_dump(), "world": world.model_dump(), "seed": seed}
-    if cfg.export_path:  # a changed export file must not be served from cache
-        config["export_sha256"] = sha256_file(Path(cfg.export_path))
+    config = {"annotation": cfg.model_dump(), "world": world.model_dump(), "seed": seed,
+              # a changed file must not be served from cache: its content is part of the key
+              "export_sha256": [sha256_file(f) for f in files]}
     return run_stage(ctx, stage="annotators", version=COLLECT_VERSION, kind="annotation_export", config=config,
                      inputs={"responses": responses}, produce=produce)
 
@@ -49,24 +66,38 @@ def collect_annotations(ctx: RunContext, cfg: AnnotationConfig, world: WorldConf
 @task(name="import_annotations", version=IMPORT_VERSION, cache_policy=NO_CACHE)
 def import_annotations(ctx: RunContext, cfg: AnnotationConfig, export: ArtifactRef, responses: ArtifactRef,
                        simulated: bool) -> ArtifactRef:
-    """Import the export: every row accepted or quarantined with a reason; pairs by majority."""
+    """Import every export: each row accepted or quarantined with a reason; pairs as configured."""
+    if simulated:  # the simulated crowd writes a Label Studio export, whatever the configured format
+        cfg = cfg.model_copy(update={"format": "label_studio"})
 
     def produce(out: Path, run: StageRun) -> dict[str, float]:
         table = read_table("responses", responses.file("responses.parquet"))
-        annotations, quarantine = import_label_studio(read_export(export.file("export.json")), table)
-        comparisons, report = aggregate_majority(annotations, table)
-        write_table("annotations", annotations, out / "annotations.parquet")
-        write_table("comparisons", comparisons, out / "comparisons.parquet")
-        quarantine.to_parquet(out / "quarantine.parquet", index=False)
-        metrics = {f"annotation/{k}": float(v) for k, v in report.items()}
-        metrics["annotation/accepted"] = len(annotations)
-        metrics["annotation/quarantined"] = len(quarantine)
-        for reason, n in quarantine["reason"].value_counts().items():
-            metrics[f"annotation/quarantine/{reason}"] = int(n)
+        files = sorted((Path(export.path) / "exports").iterdir())
+        result = import_files(files, table, cfg)
+        write_table("annotations", result.annotations, out / "annotations.parquet")
+        write_table("scores", result.scores, out / "scores.parquet")
+        write_table("comparisons", result.comparisons, out / "comparisons.parquet")
+        result.quarantine.to_parquet(out / "quarantine.parquet", index=False)
+        # agreement is NaN where no item has two annotators: not a number to record
+        metrics = {f"annotation/{k}": float(v) for k, v in result.report.items() if not math.isnan(float(v))}
+        counts = result.quarantine["reason"].value_counts()
+        metrics.update({f"annotation/quarantine/{reason}": int(n) for reason, n in counts.items()})
+        _quarantine_artifact(result.quarantine, result.report)
         if simulated:
-            metrics["annotation/gold_agreement"] = gold_agreement_of_pairs(comparisons)
+            metrics["annotation/gold_agreement"] = gold_agreement_of_pairs(result.comparisons)
         return metrics
 
     return run_stage(ctx, stage="import_annotations", version=IMPORT_VERSION, kind="comparisons",
                      config={"annotation": cfg.model_dump(), "simulated": simulated},
                      inputs={"export": export, "responses": responses}, produce=produce)
+
+
+def _quarantine_artifact(quarantine: pd.DataFrame, report: dict) -> None:
+    """Counts per quarantine reason and file as a Prefect table artifact (shown on the flow run)."""
+    rows = [{"source_file": f, "reason": r, "rows": int(n), "example": str(quarantine.loc[idx[0], "detail"])[:200]}
+            for (f, r), idx in quarantine.groupby(["source_file", "reason"]).groups.items()
+            for n in [len(idx)]]
+    description = (f"Annotation import: {int(report['input_rows'])} input rows, {int(report['accepted'])} "
+                   f"accepted, {int(report['quarantined'])} quarantined, {int(report['n_pairs'])} pairs.")
+    create_table_artifact(rows or [{"source_file": "-", "reason": "none", "rows": 0, "example": ""}],
+                          key="annotation-quarantine", description=description)

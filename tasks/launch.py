@@ -45,7 +45,7 @@ def run_worker(module: str, args: list[str], num_processes: int, log_path: Path)
     argv, env = accelerate_command(module, args, num_processes)
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "w") as log:
-        code = subprocess.run(argv, env=env, stdout=log, stderr=subprocess.STDOUT).returncode
+        code = subprocess.run(argv, env=env, stdout=log, stderr=subprocess.STDOUT, check=False).returncode
     if code != 0:
         tail = "".join(log_path.read_text(errors="replace").splitlines(keepends=True)[-30:])
         raise WorkerError(f"{module} with {num_processes} processes exited {code}; log {log_path}:\n{tail}")

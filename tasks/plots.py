@@ -10,19 +10,24 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 
-def tag_histogram(pool_tags, sampled_tags, top: int = 30):
-    """Tag frequency in the pool vs in the selection (shares), most frequent pool tags first."""
+def tag_histogram(pool_tags, sampled_tags, top: int = 30, labels: tuple[str, str] = ("pool", "sampled"),
+                  title: str = "Tag frequency before/after sampling"):
+    """Tag frequency (share of prompts) in a "before" vs an "after" set, most frequent "before" tags first.
+
+    Before/after sampling: the pool's tags vs the selection's. Before/after normalisation: the
+    raw tags vs the normalised ones (merged tags then show up under their new names only).
+    """
     pool = Counter(t for ts in pool_tags for t in ts)
     chosen = Counter(t for ts in sampled_tags for t in ts)
     names = [t for t, _ in pool.most_common(top)]
     n_pool, n_sel = max(1, len(pool_tags)), max(1, len(sampled_tags))
     fig, ax = plt.subplots(figsize=(8, 3.5))
     x = range(len(names))
-    ax.bar([i - 0.2 for i in x], [pool[t] / n_pool for t in names], width=0.4, label="pool")
-    ax.bar([i + 0.2 for i in x], [chosen[t] / n_sel for t in names], width=0.4, label="sampled")
+    ax.bar([i - 0.2 for i in x], [pool[t] / n_pool for t in names], width=0.4, label=labels[0])
+    ax.bar([i + 0.2 for i in x], [chosen[t] / n_sel for t in names], width=0.4, label=labels[1])
     ax.set_xticks(list(x), names, rotation=60, ha="right", fontsize=7)
     ax.set_ylabel("share of prompts with tag")
-    ax.set_title("Tag frequency before/after sampling")
+    ax.set_title(title)
     ax.legend()
     return fig
 

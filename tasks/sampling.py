@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 
 from prefect import task
@@ -9,12 +10,12 @@ from prefect.cache_policies import NO_CACHE
 
 from rlhf_core.artifacts import ArtifactRef
 from rlhf_core.config import SamplingConfig
-from rlhf_core.sampling.instag import select_prompts
+from rlhf_core.sampling.stage import run_sampling, tag_vocabulary
 from rlhf_core.schemas import read_table, write_table
 from tasks.common import RunContext, StageRun, run_stage
 from tasks.plots import tag_histogram
 
-VERSION = "1"
+VERSION = "2"  # 2: taggers (embedding, LLM), semantic tag merge, near-duplicate prompts
 
 
 @task(name="sample", version=VERSION, cache_policy=NO_CACHE)
@@ -23,15 +24,17 @@ def sample_prompts(ctx: RunContext, cfg: SamplingConfig, prompts: ArtifactRef, s
 
     def produce(out: Path, run: StageRun) -> dict[str, float]:
         pool = read_table("prompts", prompts.file("prompts.parquet"))
-        sampled, report = select_prompts(
-            pool, cfg.n_samples, seed=seed, mode=cfg.mode, max_tag_share=cfg.max_tag_share,
-            min_tag_count=cfg.min_tag_count, merge_tag_variants=cfg.merge_tag_variants,
-            drop_duplicates=cfg.drop_duplicate_prompts,
-        )
-        write_table("sampled_prompts", sampled, out / "sampled_prompts.parquet")
-        run.log_figure(tag_histogram(pool["tags"], sampled["tags"]), "tag_frequency.png")
-        return {f"sampling/{k}": float(v) for k, v in report.items()}
+        result = run_sampling(pool, cfg, seed, workdir=ctx.workdir, progress=True)
+        write_table("sampled_prompts", result.sampled, out / "sampled_prompts.parquet")
+        run.log_figure(tag_histogram(result.pool.tags, result.sampled["tags"]), "tag_frequency.png")
+        run.log_figure(tag_histogram(result.pool.raw_tags, result.pool.tags, labels=("raw", "normalised"),
+                                     title="Tag frequency before/after normalisation"),
+                       "tag_frequency_normalisation.png")
+        return {f"sampling/{k}": float(v) for k, v in result.report.items()}
 
-    return run_stage(ctx, stage="sample", version=VERSION, kind="sampled_prompts",
-                     config={"sampling": cfg.model_dump(), "seed": seed}, inputs={"prompts": prompts},
-                     produce=produce)
+    config = {"sampling": cfg.model_dump(), "seed": seed}
+    if cfg.tagger.source == "embedding" and cfg.tagger.vocabulary_file:  # the file's content, not its name, is input
+        vocabulary = "\n".join(tag_vocabulary(cfg.tagger))
+        config["tagger_vocabulary_sha256"] = hashlib.sha256(vocabulary.encode()).hexdigest()
+    return run_stage(ctx, stage="sample", version=VERSION, kind="sampled_prompts", config=config,
+                     inputs={"prompts": prompts}, produce=produce)

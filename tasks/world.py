@@ -12,7 +12,7 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from rlhf_core import models
-from rlhf_core.artifacts import ArtifactRef
+from rlhf_core.artifacts import ArtifactRef, content_digest
 from rlhf_core.config import PolicyModelConfig, SFTConfig, WorldConfig
 from rlhf_core.schemas import read_table, write_table
 from rlhf_core.sft import train_sft
@@ -43,19 +43,42 @@ def build_world(ctx: RunContext, cfg: WorldConfig, seed: int) -> ArtifactRef:
 @task(name="sft", version=SFT_VERSION, cache_policy=NO_CACHE)
 def train_sft_policy(ctx: RunContext, world: WorldConfig, model_cfg: PolicyModelConfig, cfg: SFTConfig,
                      prompts: ArtifactRef, seed: int) -> ArtifactRef:
-    """A tiny Qwen2 policy trained on the noisy demonstrator: the SFT model RLHF starts from."""
+    """The SFT model RLHF starts from: the tiny Qwen2 trained from scratch on the noisy demonstrator, or
+    the `pretrained` model fine-tuned on the same demonstrations."""
+    pretrained = _pretrained_dir(model_cfg)
 
     def produce(out: Path, run: StageRun) -> dict[str, float]:
         pool = read_table("prompts", prompts.file("prompts.parquet"))
         demos = make_demonstrations(pool, cfg.demos_per_prompt, world.demo_correct_prob, world.demo_style_prob,
                                     seed=seed)
-        tokenizer = models.build_tokenizer()
-        policy = models.build_policy(model_cfg, tokenizer, seed=seed)
+        if pretrained is None:
+            tokenizer = models.build_tokenizer()
+            policy = models.build_policy(model_cfg, tokenizer, seed=seed)
+        else:  # its own tokenizer and chat template (format_query uses it)
+            tokenizer, policy = models.load_tokenizer(pretrained), models.load_policy(pretrained)
         metrics = train_sft(policy, tokenizer, demos, cfg, seed=seed, progress=True)
         models.save_hf(policy, tokenizer, out)
         demos.to_parquet(out / "demonstrations.parquet", index=False)  # PPO's ptx loss reads them
         return {k: float(v) for k, v in metrics.items()}  # already named sft/...
 
-    config = {"world": world.model_dump(), "model": model_cfg.model_dump(), "sft": cfg.model_dump(), "seed": seed}
+    # The tiny model's cache config is what it always was; a pretrained model is identified by its
+    # content, so a re-converted or edited directory is not served from the cache.
+    model_config = model_cfg.model_dump(exclude={"pretrained"})
+    if pretrained is not None:
+        model_config = {"pretrained": model_cfg.pretrained, "pretrained_digest": content_digest(pretrained)[0]}
+    config = {"world": world.model_dump(), "model": model_config, "sft": cfg.model_dump(), "seed": seed}
     return run_stage(ctx, stage="sft", version=SFT_VERSION, kind="policy", config=config,
                      inputs={"prompts": prompts}, produce=produce, register_as="rlhf-sft-policy")
+
+
+def _pretrained_dir(model_cfg: PolicyModelConfig) -> Path | None:
+    """The resolved `policy_model.pretrained` directory, or None; fails early when it holds no model."""
+    if model_cfg.pretrained is None:
+        return None
+    path = Path(model_cfg.pretrained).resolve()
+    if not (path / "config.json").is_file():
+        raise FileNotFoundError(
+            f"policy_model.pretrained: {path} is not a Hugging Face model directory (no config.json); "
+            f"make the SmolLM2 one with `rlhf convert-gguf --out {model_cfg.pretrained}`"
+        )
+    return path

@@ -5,9 +5,15 @@ import json
 import pandas as pd
 import pytest
 
-from rlhf_core.annotation.label_studio import ImportFormatError, import_label_studio, read_export
+from rlhf_core.annotation.label_studio import (
+    ImportFormatError,
+    import_label_studio,
+    import_label_studio_export,
+    read_export,
+)
 from rlhf_core.annotation.pairs import aggregate_majority
 from rlhf_core.annotation.tasks import make_comparison_tasks
+from rlhf_core.schemas import validate_table
 
 RESPONSES = pd.DataFrame({
     "prompt_id": ["p1", "p1", "p1", "p2", "p2"],
@@ -33,7 +39,8 @@ def _ann(aid, who, selected="left", cancelled=False):
 def test_import_accepts_and_quarantines_with_reasons():
     export = [
         _task(1, "r1", "r2", "p1", [_ann(1, 7, "left"), _ann(2, 8, "right"), _ann(3, 9, "left")]),
-        _task(2, "r4", "r5", "p2", [_ann(4, 7, "right"), _ann(5, 7, "left")]),  # duplicate annotator
+        _task(2, "r4", "r5", "p2", [_ann(4, 7, "right"), _ann(5, 7, "left"),  # same annotator, other label
+                                    _ann(12, 7, "right")]),  # same annotator, same label
         _task(3, "r1", "r9", "p1", [_ann(6, 7)]),  # unknown response
         _task(4, "r1", "r1", "p1", [_ann(7, 7)]),  # self pair
         _task(5, "r1", "r4", "p1", [_ann(8, 7)]),  # r4 belongs to p2
@@ -43,10 +50,13 @@ def test_import_accepts_and_quarantines_with_reasons():
         {"id": 9, "annotations": [_ann(11, 7)]},  # no data
     ]
     annotations, quarantine = import_label_studio(export, RESPONSES)
-    assert len(annotations) + len(quarantine) == 12
+    assert len(annotations) + len(quarantine) == 13
     assert annotations["label"].tolist() == ["a", "b", "a", "b"]
-    assert quarantine["reason"].tolist() == ["duplicate", "unknown_response", "self_pair", "prompt_mismatch",
-                                             "cancelled", "no_choice", "no_annotations", "missing_data"]
+    assert annotations["annotation_id"].tolist() == ["t1:7", "t1:8", "t1:9", "t2:7"]  # the first of task 2 kept
+    assert quarantine["reason"].tolist() == ["contradictory", "duplicate", "unknown_response", "self_pair",
+                                             "prompt_mismatch", "cancelled", "no_choice", "no_annotations",
+                                             "missing_data"]
+    assert quarantine["source_index"].tolist() == [1, 1, 2, 3, 4, 5, 6, 7, 8]
     assert all(json.loads(r) for r in quarantine["raw"])
 
     comparisons, report = aggregate_majority(annotations, RESPONSES)
@@ -75,3 +85,95 @@ def test_comparison_tasks_pair_distinct_responses():
     assert len(tasks) == 2
     assert all(a != b for a, b in zip(tasks["response_a"], tasks["response_b"]))
     assert tasks.equals(make_comparison_tasks(RESPONSES, pairs_per_prompt=2, seed=0))
+
+
+# ---------------------------------------------------------------- rating and ranker templates
+
+def _rating_task(tid, rid, pid, annotations):
+    return {"id": tid, "data": {"prompt": "q", "answer": "x", "prompt_id": pid, "response_id": rid},
+            "annotations": annotations}
+
+
+def _rating(aid, who, rating):
+    return {"id": aid, "completed_by": who, "was_cancelled": False,
+            "result": [{"type": "rating", "from_name": "rating", "to_name": "answer", "value": {"rating": rating}}]}
+
+
+def _ranker_task(tid, pid, item_ids, annotations):
+    return {"id": tid, "data": {"prompt": "q", "prompt_id": pid,
+                                "items": [{"id": i, "title": i, "body": "text"} for i in item_ids]},
+            "annotations": annotations}
+
+
+def _ranking(aid, who, ids, lists=None):
+    return {"id": aid, "completed_by": who, "was_cancelled": False,
+            "result": [{"type": "ranker", "from_name": "rank", "to_name": "items",
+                        "value": {"ranker": lists if lists is not None else {"rank": ids}}}]}
+
+
+def test_mixed_export_gives_annotations_scores_and_reasons():
+    export = [
+        _task(1, "r1", "r2", "p1", [_ann(1, 7, "right")]),
+        _rating_task(2, "r1", "p1", [_rating(2, 7, 4), _rating(3, 8, 2), _rating(4, 8, 2), _rating(5, 8, 5)]),
+        _rating_task(3, "r2", "p1", [_rating(6, 7, "four"), _rating(7, 8, 9), _rating(8, 9, float("inf"))]),
+        _rating_task(4, "r4", "p1", [_rating(9, 7, 3)]),  # r4 answers p2
+        _ranker_task(5, "p1", ["r1", "r2", "r3"], [_ranking(10, 7, ["r3", "r1", "r2"]), _ranking(11, 8, ["r2", "r1"])]),
+        _ranker_task(6, "p1", ["r1", "r2", "r3"], [
+            _ranking(12, 7, ["r1"]),  # a single id
+            _ranking(13, 8, ["r1", "r1"]),  # a repeat
+            _ranking(14, 9, ["r1", "r9"]),  # not among the items
+            _ranking(15, 10, None, lists={"good": ["r1"], "bad": ["r2"]}),  # bucketed
+        ]),
+        _ranker_task(7, "p1", ["r1", "r9"], [_ranking(16, 7, ["r9", "r1"])]),  # r9 is an item, not a response
+    ]
+    result = import_label_studio_export(export, RESPONSES, max_rating=5)
+    assert result.template_counts == {"pairwise": 1, "rating": 2, "ranker": 2}
+    assert result.annotations[["annotation_id", "label"]].values.tolist() == [["t1:7", "b"]]
+    scores = result.scores
+    assert scores[["score_id", "annotation_id", "response_id", "score", "annotator"]].values.tolist() == [
+        ["2:7:r1", "2:7", "r1", 4.0, "7"],
+        ["2:8:r1", "2:8", "r1", 2.0, "8"],
+        ["5:7:r3", "5:7", "r3", -1.0, "7"],
+        ["5:7:r1", "5:7", "r1", -2.0, "7"],
+        ["5:7:r2", "5:7", "r2", -3.0, "7"],
+        ["5:8:r2", "5:8", "r2", -1.0, "8"],
+        ["5:8:r1", "5:8", "r1", -2.0, "8"],
+    ]  # fmt: skip
+    validate_table("scores", scores)
+    validate_table("annotations", result.annotations)
+    assert result.quarantine["reason"].tolist() == [
+        "duplicate", "contradictory", "bad_rating", "bad_rating", "bad_rating", "prompt_mismatch",
+        "bad_ranking", "bad_ranking", "bad_ranking", "bad_ranking", "unknown_response",
+    ]  # fmt: skip
+    n_input = 1 + 4 + 3 + 1 + 2 + 4 + 1
+    assert len(result.annotations) + scores["annotation_id"].nunique() + len(result.quarantine) == n_input
+
+
+def test_judgement_ids_are_stable_across_exports():
+    """A re-export (new Label Studio annotation ids, other order) gives the same judgement ids."""
+    first = [_rating_task(2, "r1", "p1", [_rating(2, 7, 4)]), _task(1, "r1", "r2", "p1", [_ann(1, 7)])]
+    again = [_task(1, "r1", "r2", "p1", [_ann(901, 7)]), _rating_task(2, "r1", "p1", [_rating(902, 7, 4)])]
+    a, b = import_label_studio_export(first, RESPONSES), import_label_studio_export(again, RESPONSES)
+    assert a.annotations["annotation_id"].tolist() == b.annotations["annotation_id"].tolist() == ["t1:7"]
+    assert a.scores["score_id"].tolist() == b.scores["score_id"].tolist() == ["2:7:r1"]
+
+
+def test_pairwise_only_importer_refuses_scores():
+    export = [_task(1, "r1", "r2", "p1", [_ann(1, 7)]), _rating_task(2, "r1", "p1", [_rating(2, 7, 4)])]
+    with pytest.raises(ImportFormatError, match="1 rating and 0 ranker"):
+        import_label_studio(export, RESPONSES)
+
+
+def test_malformed_tasks_and_annotations_are_quarantined():
+    export = [
+        "not a task",
+        {"id": 2, "annotations": {"id": 1}},
+        {"id": 3, "data": {"prompt_id": "p1", "response_id": "r1"}, "annotations": ["x", {"result": "x"}]},
+        _rating_task(4, "r1", "p1", [{"result": [{"type": "rating", "value": {"rating": 3}}]}]),  # no completed_by
+        _rating_task(5, "r1", "p1", [{**_rating(1, 7, 3), "result": [*_rating(1, 7, 3)["result"],
+                                                                     *_ann(1, 7)["result"]]}]),
+    ]
+    result = import_label_studio_export(export, RESPONSES)
+    assert result.quarantine["reason"].tolist() == ["malformed_task", "malformed_task", "malformed_annotation",
+                                                    "missing_field", "missing_field", "multiple_results"]
+    assert result.annotations.empty and result.scores.empty

@@ -35,3 +35,13 @@ def test_validate_version_schema(tmp_path):
     assert runner.invoke(app, ["version"]).output.strip() == rlhf_core.__version__
     schema = json.loads(runner.invoke(app, ["schema"]).output)
     assert "kl_coef" in json.dumps(schema)
+
+
+def test_a_config_naming_a_file_outside_the_allowed_roots_is_refused(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("RLHF_ALLOWED_ROOTS", raising=False)
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("annotation: {exports: [/etc/hostname]}\n")
+    result = runner.invoke(app, ["validate", str(cfg)])
+    assert result.exit_code == 2 and "annotation.exports[0]" in result.output and "RLHF_ALLOWED_ROOTS" in result.output
+    assert runner.invoke(app, ["demo", "--config", str(cfg)]).exit_code == 2

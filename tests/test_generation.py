@@ -1,4 +1,4 @@
-"""The generation plan: every (strategy, n) over every prompt, ids stable, provenance kept."""
+"""One model's generation: every (strategy, n) over every prompt, ids stable, provenance kept."""
 
 import json
 
@@ -20,8 +20,7 @@ PLAN = (SamplingStrategy(name="hot", temperature=1.0, n=2, max_new_tokens=6),
 def _run(seed=0, batch_size=2):
     tok = models.build_tokenizer()
     policy = models.build_policy(TINY, tok, seed=0).eval()
-    return generate_responses(policy, tok, PROMPTS, PLAN, generator="tiny", batch_size=batch_size, seed=seed,
-                              progress=False)
+    return generate_responses(policy, tok, PROMPTS, PLAN, generator="tiny", batch_size=batch_size, seed=seed)
 
 
 def test_every_strategy_and_sample_over_every_prompt():
@@ -47,8 +46,7 @@ def test_identical_responses_to_a_prompt_are_kept_once():
     tok = models.build_tokenizer()
     policy = models.build_policy(TINY, tok, seed=0).eval()
     plan = (SamplingStrategy(name="g", temperature=0.0, n=2, max_new_tokens=5),)
-    responses, report = generate_responses(policy, tok, PROMPTS, plan, "tiny", batch_size=3, seed=0,
-                                           progress=False)
+    responses, report = generate_responses(policy, tok, PROMPTS, plan, "tiny", batch_size=3, seed=0)
     assert report["n_generated"] == 6 and report["duplicates_removed"] == 3 and len(responses) == 3
 
 
@@ -61,7 +59,7 @@ def test_bad_prompts_fail_before_any_generation():
     policy = models.build_policy(TINY, tok, seed=0).eval()
     empty = PROMPTS.assign(prompt=["What is 1+1?", "  ", "x"])
     with pytest.raises(GenerationInputError, match=r"row 1 \(prompt_id p2\): empty prompt"):
-        generate_responses(policy, tok, empty, PLAN, "tiny", batch_size=2, seed=0, progress=False)
+        generate_responses(policy, tok, empty, PLAN, "tiny", batch_size=2, seed=0)
     long = PROMPTS.assign(prompt=["What is 1+1?", "x" * 200, "y"])
     with pytest.raises(GenerationInputError, match=r"row 1 \(prompt_id p2\): query is 206 tokens"):
-        generate_responses(policy, tok, long, PLAN, "tiny", batch_size=2, seed=0, progress=False)
+        generate_responses(policy, tok, long, PLAN, "tiny", batch_size=2, seed=0)

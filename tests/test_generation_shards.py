@@ -12,10 +12,11 @@ import pytest
 
 from rlhf_core import models
 from rlhf_core.config import GenerationConfig, PolicyModelConfig, SamplingStrategy
+from rlhf_core.generation.generators import Generator, save_generators
 from rlhf_core.generation.shards import (
     gather_report,
     gather_shards,
-    generate_sharded,
+    generate_plan_shards,
     n_shards,
     shard_path,
 )
@@ -34,15 +35,17 @@ N_SHARDS = n_shards(len(PROMPTS), SHARD_SIZE)  # 5
 
 
 @pytest.fixture(scope="module")
-def tiny():
+def tiny(tmp_path_factory):
+    """The tiny policy saved as a model directory, as one generator of the plan."""
     tok = models.build_tokenizer()
-    return models.build_policy(TINY, tok, seed=0).eval(), tok
+    path = tmp_path_factory.mktemp("model") / "policy"
+    models.save_hf(models.build_policy(TINY, tok, seed=0), tok, path)
+    return Generator("tiny", "tiny:000000000000", str(path), PLAN)
 
 
 def _run(tiny, shard_dir, rank=0, world_size=1):
-    model, tok = tiny
-    generate_sharded(model, tok, PROMPTS, PLAN, generator="tiny", batch_size=3, seed=5, shard_dir=shard_dir,
-                     rank=rank, world_size=world_size, shard_size=SHARD_SIZE)
+    generate_plan_shards([tiny], PROMPTS, shard_dir, seed=5, batch_size=3, rank=rank, world_size=world_size,
+                         shard_size=SHARD_SIZE)
 
 
 @pytest.fixture(scope="module")
@@ -50,34 +53,36 @@ def single(tiny, tmp_path_factory):
     """The reference: one rank over all shards."""
     shard_dir = tmp_path_factory.mktemp("single")
     _run(tiny, shard_dir)
-    return gather_shards(shard_dir, N_SHARDS)
+    return gather_shards(shard_dir / "tiny", N_SHARDS)
 
 
 def test_one_rank_equals_two_ranks(tiny, single, tmp_path):
     validate_table("responses", single)
     assert set(single["prompt_id"]) == set(PROMPTS["prompt_id"])
     _run(tiny, tmp_path, rank=0, world_size=2)
-    assert sorted(p.name for p in tmp_path.glob("shard-*.parquet")) == [f"shard-{k:05d}.parquet" for k in (0, 2, 4)]
+    names = sorted(p.name for p in (tmp_path / "tiny").glob("shard-*.parquet"))
+    assert names == [f"shard-{k:05d}.parquet" for k in (0, 2, 4)]
     _run(tiny, tmp_path, rank=1, world_size=2)
-    pd.testing.assert_frame_equal(gather_shards(tmp_path, N_SHARDS), single)
-    report = gather_report(tmp_path, N_SHARDS)
+    pd.testing.assert_frame_equal(gather_shards(tmp_path / "tiny", N_SHARDS), single)
+    report = gather_report(tmp_path / "tiny", N_SHARDS)
     assert report["n_shards"] == N_SHARDS and report["n_prompts"] == len(PROMPTS)
     assert report["tokens"] > 0 and report["seconds"] > 0 and report["n_responses"] == len(single)
 
 
 def test_resume_regenerates_only_missing_shards(tiny, single, tmp_path):
     _run(tiny, tmp_path)
-    mtimes = {k: shard_path(tmp_path, k).stat().st_mtime_ns for k in range(N_SHARDS)}
-    shard_path(tmp_path, 2).unlink()
+    shards = tmp_path / "tiny"
+    mtimes = {k: shard_path(shards, k).stat().st_mtime_ns for k in range(N_SHARDS)}
+    shard_path(shards, 2).unlink()
     # a write killed half-way leaves a temp file with junk: it must be ignored
-    (tmp_path / ".shard-00002.parquet.abc123.tmp").write_bytes(b"PAR1 truncated")
+    (shards / ".shard-00002.parquet.abc123.tmp").write_bytes(b"PAR1 truncated")
     with pytest.raises(FileNotFoundError, match=r"shard-00002\.parquet"):
-        gather_shards(tmp_path, N_SHARDS)
+        gather_shards(shards, N_SHARDS)
     time.sleep(0.01)
     _run(tiny, tmp_path)
-    after = {k: shard_path(tmp_path, k).stat().st_mtime_ns for k in range(N_SHARDS)}
+    after = {k: shard_path(shards, k).stat().st_mtime_ns for k in range(N_SHARDS)}
     assert {k for k in mtimes if after[k] != mtimes[k]} == {2}
-    pd.testing.assert_frame_equal(gather_shards(tmp_path, N_SHARDS), single)
+    pd.testing.assert_frame_equal(gather_shards(shards, N_SHARDS), single)
 
 
 def _free_port() -> int:
@@ -87,20 +92,19 @@ def _free_port() -> int:
 
 
 def test_two_processes_under_accelerate_equal_one_rank(tiny, single, tmp_path):
-    model, tok = tiny
-    models.save_hf(model, tok, tmp_path / "policy")
     PROMPTS.to_parquet(tmp_path / "prompts.parquet", index=False)
-    (tmp_path / "gen.json").write_text(GenerationConfig(strategies=PLAN, batch_size=3).model_dump_json())
+    (tmp_path / "gen.json").write_text(GenerationConfig(batch_size=3, shard_size=SHARD_SIZE).model_dump_json())
+    save_generators([tiny], tmp_path / "generators.json")
     shard_dir = tmp_path / "shards"
     accelerate = Path(sys.executable).parent / "accelerate"
     cmd = [str(accelerate), "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
            "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(_free_port()),
-           "-m", "rlhf_core.workers.generate", "--policy", str(tmp_path / "policy"),
+           "-m", "rlhf_core.workers.generate", "--generators", str(tmp_path / "generators.json"),
            "--prompts", str(tmp_path / "prompts.parquet"), "--config", str(tmp_path / "gen.json"),
-           "--generator", "tiny", "--seed", "5", "--shard-dir", str(shard_dir), "--shard-size", str(SHARD_SIZE)]
+           "--seed", "5", "--shard-dir", str(shard_dir)]
     env = {**os.environ, "ACCELERATE_USE_CPU": "1", "PYTHONPATH": str(ROOT), "RLHF_TORCH_THREADS": "1"}
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120, check=False)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert (shard_dir / "world_size.txt").read_text().strip() == "2"  # two ranks, not two lone processes
     assert f"n_shards={N_SHARDS}" in proc.stdout
-    pd.testing.assert_frame_equal(gather_shards(shard_dir, N_SHARDS), single)
+    pd.testing.assert_frame_equal(gather_shards(shard_dir / "tiny", N_SHARDS), single)

@@ -1,12 +1,15 @@
 """InsTag sampling on hand-made pools: tag normalisation, deduplication, both selection modes."""
 
+import numpy as np
 import pandas as pd
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from rlhf_core.config import ConfigError, SamplingConfig, parse_config
+from rlhf_core.sampling.dedup import drop_near_duplicate_prompts, lsh_params, minhash_signatures
 from rlhf_core.sampling.instag import instag_passes, select_prompts
-from rlhf_core.sampling.normalize import drop_duplicate_prompts, normalize_tags, stem_word, tag_key
+from rlhf_core.sampling.normalize import drop_duplicate_prompts, normalize_tags, normalize_text, stem_word, tag_key
 
 
 def _pool(tags, prompts=None):
@@ -88,7 +91,8 @@ def test_rule_aggregation_merges_the_three_spellings():
     tags, report = normalize_tags(pd.Series([["code-reviews"], ["Code review"], ["code_reviewing", "math"]]),
                                   merge_variants=True)
     assert tags.tolist() == [["code review"], ["code review"], ["code review", "math"]]
-    assert report == {"tags_raw": 4, "tags_after_cleaning": 4, "tags_after_rules": 2, "tags_after_frequency_filter": 2}
+    assert report == {"tags_raw": 4, "tags_after_cleaning": 4, "tags_after_rules": 2, "tags_after_semantic_merge": 2,
+                      "n_tags_merged_semantic": 0, "tags_after_frequency_filter": 2}
     assert [stem_word(w) for w in ("reviews", "reviewing", "reviewed", "studies", "class", "status")] == [
         "review", "review", "review", "study", "class", "status"]
     assert tag_key("Data_Processing") == tag_key("data processes") == "data process"
@@ -102,7 +106,8 @@ def test_without_merging_variants_stay_apart():
 def test_normalize_tags_cleans_and_filters():
     tags, report = normalize_tags(pd.Series([["Math ", "math", "rare"], ["MATH"]]), min_count=2)
     assert tags.tolist() == [["math"], ["math"]]
-    assert report == {"tags_raw": 4, "tags_after_cleaning": 2, "tags_after_rules": 2, "tags_after_frequency_filter": 1}
+    assert report == {"tags_raw": 4, "tags_after_cleaning": 2, "tags_after_rules": 2, "tags_after_semantic_merge": 2,
+                      "n_tags_merged_semantic": 0, "tags_after_frequency_filter": 1}
 
 
 def test_frequency_filter_after_merging():
@@ -121,6 +126,76 @@ def test_duplicate_prompts_removed_keeping_the_smallest_prompt_id():
     assert n_removed == 2 and kept["prompt_id"].tolist() == ["a", "c", "e"]  # "+" and "-" stay apart
     out, report = select_prompts(pool, budget=5, seed=0, drop_duplicates=True)
     assert report["n_duplicates_removed"] == 2 and len(out) == 3 and report["budget_met"] == 0.0
+
+
+# ---------------------------------------------------------------- fuzzy near-duplicates (MinHash + LSH)
+
+NEAR = {  # prompt_id -> prompt; estimated Jaccard (5-char shingles, 256 permutations) in the comments
+    "b": "What is 2+3? Be polite.",
+    "a": "What is 2+3? Be polite!!",  # 1.0 with b once punctuation is normalised: a, the smaller id, stays
+    "c": "Write a long story about a dragon who learns to bake bread in a small village.",
+    "d": "Write a long story about a dragon who learns to bake bread in a tiny village.",  # 0.76 with c
+    "e": "Translate good morning into French.",
+    "f": "What is 2+4? Be polite.",  # 0.58 with a: another question, kept
+}
+
+
+def _near_pool(order):
+    return pd.DataFrame({"prompt_id": order, "prompt": [NEAR[i] for i in order], "tags": [["x"]] * len(order),
+                         "source": "t"})
+
+
+def test_near_copies_removed_keeping_the_smallest_id_whatever_the_row_order():
+    for order in (list(NEAR), sorted(NEAR), sorted(NEAR, reverse=True)):
+        kept, n_removed = drop_near_duplicate_prompts(_near_pool(order), threshold=0.7)
+        assert n_removed == 2 and sorted(kept["prompt_id"]) == ["a", "c", "e", "f"]
+        assert kept["prompt_id"].tolist() == [i for i in order if i in {"a", "c", "e", "f"}]  # row order kept
+    assert drop_near_duplicate_prompts(_near_pool(list(NEAR)), threshold=0.9)[1] == 1  # only the exact-after-cleaning
+    out, report = select_prompts(_near_pool(list(NEAR)), budget=6, seed=0, near_duplicate_threshold=0.7)
+    assert report["n_near_duplicates_removed"] == 2 and len(out) == 4 and report["n_pool"] == 6
+
+
+def test_minhash_is_deterministic_and_estimates_jaccard():
+    texts = list(NEAR.values())
+    sig = minhash_signatures(texts, num_perm=256, seed=3)
+    assert sig.shape == (6, 256) and sig.dtype == np.uint32
+    assert np.array_equal(sig, minhash_signatures(texts, num_perm=256, seed=3))
+    assert not np.array_equal(sig, minhash_signatures(texts, num_perm=256, seed=4))
+
+    def shingles(t):
+        t = normalize_text(t)
+        return {t[i : i + 5] for i in range(len(t) - 4)}
+
+    for i, j in [(2, 3), (0, 5), (0, 4)]:
+        true = len(shingles(texts[i]) & shingles(texts[j])) / len(shingles(texts[i]) | shingles(texts[j]))
+        assert abs((sig[i] == sig[j]).mean() - true) < 0.1
+    assert minhash_signatures(["hi", ""], num_perm=8).shape == (2, 8)  # shorter than a shingle: one shingle
+    bands, rows = lsh_params(0.8, 128)
+    assert bands * rows <= 128 and 0.6 < (1 / bands) ** (1 / rows) < 0.85  # the S-curve's midpoint near 0.8
+
+
+def test_near_duplicate_bad_input():
+    with pytest.raises(ValueError, match="threshold must be in \\(0, 1\\]"):
+        drop_near_duplicate_prompts(_near_pool(list(NEAR)), threshold=0.0)
+    dup_ids = _near_pool(list(NEAR)).assign(prompt_id=["a", "a", "b", "c", "d", "e"])
+    with pytest.raises(ValueError, match="prompt_id 'a' appears more than once"):
+        drop_near_duplicate_prompts(dup_ids, threshold=0.8)
+
+
+# ---------------------------------------------------------------- config
+
+
+def test_sampling_config_defaults_keep_data_tags_and_checks_tagger_sources():
+    cfg = SamplingConfig()
+    assert cfg.tagger.source == "data" and cfg.semantic_merge_threshold is None and cfg.near_duplicate_threshold is None
+    with pytest.raises(ConfigError, match="needs exactly one of tagger.vocabulary"):
+        parse_config({"sampling": {"tagger": {"source": "embedding"}}})
+    with pytest.raises(ConfigError, match="needs tagger.base_url and tagger.model"):
+        parse_config({"sampling": {"tagger": {"source": "llm", "model": "m"}}})
+    with pytest.raises(ConfigError, match="near_duplicate_threshold"):
+        parse_config({"sampling": {"near_duplicate_threshold": 0}})
+    cfg = parse_config({"sampling": {"tagger": {"source": "embedding", "vocabulary_file": "tags.txt"}}})
+    assert cfg.sampling.tagger.vocabulary_file == "tags.txt"
 
 
 # ---------------------------------------------------------------- properties

@@ -3,7 +3,7 @@
 import pandas as pd
 import pytest
 
-from rlhf_core.schemas import SchemaError, TABLES, read_table, validate_table, write_table
+from rlhf_core.schemas import TABLES, SchemaError, read_table, validate_table, write_table
 
 
 def _prompts():
@@ -12,7 +12,7 @@ def _prompts():
 
 
 def test_every_design_table_exists():
-    assert set(TABLES) == {"prompts", "sampled_prompts", "responses", "annotations", "comparisons", "votes",
+    assert set(TABLES) == {"prompts", "sampled_prompts", "responses", "annotations", "comparisons", "scores", "votes",
                            "denoised", "judgements"}
 
 

@@ -205,3 +205,22 @@ def test_parse_tags_caps_and_raises():
         parse_tags("I cannot tag this " + "x" * 500)
     with pytest.raises(ValueError, match="no tags"):
         parse_tags('{"tags": []}')
+
+
+def test_llm_source_of_the_sampling_stage_tags_and_caches_under_the_workdir(server, tmp_path, key):
+    import pandas as pd
+
+    from rlhf_core.config import SamplingConfig, TaggerConfig
+    from rlhf_core.sampling.stage import run_sampling
+
+    tagger = TaggerConfig(source="llm", base_url=server.base_url, model="test-model", api_key_env="TAGGER_TEST_KEY")
+    cfg = SamplingConfig(n_samples=2, tagger=tagger)
+    pool = pd.DataFrame({"prompt_id": ["p0", "p1", "p2"], "prompt": PROMPTS, "tags": [[], [], []], "source": "t"})
+    result = run_sampling(pool, cfg, seed=0, workdir=tmp_path)
+    assert result.pool.raw_tags.tolist() == EXPECTED and server.requests == 3
+    assert result.sampled["prompt_id"].tolist() == ["p0", "p1"]  # two tags first, then a new tag
+    assert result.report["prompt_tag_coverage"] == 1.0 and result.report["mean_tags_raw"] == 4 / 3
+    cache = tmp_path / "cache" / "llm_tags.jsonl"
+    assert len(cache.read_text().splitlines()) == 3 and key not in cache.read_text()
+    run_sampling(pool, cfg, seed=0, workdir=tmp_path)  # a re-run is served from the cache
+    assert server.requests == 3

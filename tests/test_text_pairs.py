@@ -4,12 +4,19 @@ import tempfile
 from pathlib import Path
 
 import pandas as pd
+import pyarrow.parquet as pq
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rlhf_core.annotation.text_pairs import detect_format, import_text_pairs, split_hh_dialogue
-from rlhf_core.schemas import validate_table
+from rlhf_core.annotation import text_pairs
+from rlhf_core.annotation.text_pairs import (
+    detect_format,
+    import_text_pairs,
+    import_text_pairs_to,
+    split_hh_dialogue,
+)
+from rlhf_core.schemas import read_table, validate_table
 
 HH_200 = Path(__file__).parent / "data" / "hh-rlhf" / "pairs-200.jsonl.gz"
 
@@ -234,3 +241,84 @@ def test_import_never_raises_and_keeps_every_row(rows, n_repeated, fmt, gz):
         comparisons, quarantine = import_text_pairs(path, fmt, max_field_chars=50)
     assert len(comparisons) + len(quarantine) == sum(1 for r in rows if r.strip())
     assert not comparisons["pair_id"].duplicated().any()
+
+
+def hh_file_with_bad_rows(path: Path) -> Path:
+    """The 200 real HH pairs with a malformed line after every 20th and a repeat of every 30th."""
+    lines = gzip.decompress(HH_200.read_bytes()).splitlines()
+    mixed = []
+    for i, line in enumerate(lines):
+        mixed.append(line)
+        if i % 20 == 0:
+            mixed += [b'{"chosen": "cut off', b""]
+        if i % 30 == 0:
+            mixed.append(line)
+    return write_lines(path, mixed)
+
+
+def assert_streamed_equals_in_memory(path: Path, out_dir: Path, fmt: str, batch_rows: int, **kwargs) -> None:
+    comparisons, quarantine = import_text_pairs(path, fmt, **kwargs)
+    summary = import_text_pairs_to(path, out_dir, fmt, batch_rows=batch_rows, **kwargs)
+    streamed = read_table("comparisons", summary.comparisons_path)
+    streamed_quarantine = pd.read_parquet(summary.quarantine_path)
+    # an empty in-memory frame has object columns, an empty Parquet column its declared type
+    pd.testing.assert_frame_equal(streamed, comparisons, check_dtype=not comparisons.empty)
+    pd.testing.assert_frame_equal(streamed_quarantine, quarantine, check_dtype=not quarantine.empty)
+    assert (summary.accepted, summary.quarantined) == (len(comparisons), len(quarantine))
+    assert summary.accepted + summary.quarantined == summary.rows
+    assert summary.reasons == quarantine["reason"].value_counts(sort=False).to_dict()
+
+
+def test_streamed_import_equals_in_memory_import(tmp_path):
+    assert_streamed_equals_in_memory(HH_200, tmp_path / "hh", "hh", batch_rows=7)
+    mixed = hh_file_with_bad_rows(tmp_path / "mixed.jsonl")
+    assert_streamed_equals_in_memory(mixed, tmp_path / "mixed", "auto", batch_rows=7)
+    summary = import_text_pairs_to(mixed, tmp_path / "mixed", batch_rows=7)
+    assert (summary.fmt, summary.rows, summary.accepted) == ("hh", 217, 200)
+    assert pq.ParquetFile(summary.comparisons_path).num_row_groups == 29  # ceil(200 / 7) batches
+    assert summary.reasons == {"malformed_json": 10, "duplicate": 7}
+    assert sorted(p.name for p in (tmp_path / "mixed").iterdir()) == ["comparisons.parquet", "quarantine.parquet"]
+
+
+def test_duplicates_are_found_among_merged_pair_digests(tmp_path, monkeypatch):
+    monkeypatch.setattr(text_pairs, "DIGEST_MERGE_EVERY", 16)  # most earlier pairs end up in the sorted array
+    lines = gzip.decompress(HH_200.read_bytes()).splitlines()
+    path = write_lines(tmp_path / "twice.jsonl", lines + lines[::-1])
+    comparisons, quarantine = import_text_pairs(path, "hh")
+    assert len(comparisons) == 200 and quarantine["reason"].eq("duplicate").all() and len(quarantine) == 200
+    assert quarantine["source_index"].tolist() == list(range(200, 400))
+    summary = import_text_pairs_to(path, tmp_path / "out", "hh", batch_rows=7)
+    assert (summary.accepted, summary.reasons) == (200, {"duplicate": 200})
+
+
+def test_failed_streamed_import_leaves_earlier_files_untouched(tmp_path, monkeypatch):
+    fresh, earlier = tmp_path / "fresh", tmp_path / "earlier"
+    one_pair = write_objects(tmp_path / "one.jsonl", [{"prompt": "Q", "chosen": "a", "rejected": "b"}])
+    import_text_pairs_to(one_pair, earlier)
+    before = {p.name: p.read_bytes() for p in earlier.iterdir()}
+    calls = 0
+
+    def parse_then_fail(*args):
+        nonlocal calls
+        calls += 1
+        if calls > 50:  # after several batches of 7 reached the temporary files
+            raise RuntimeError("disk on fire")
+        return parse(*args)
+
+    parse = text_pairs._parse
+    monkeypatch.setattr(text_pairs, "_parse", parse_then_fail)
+    for out_dir in (fresh, earlier):
+        calls = 0
+        with pytest.raises(RuntimeError, match="disk on fire"):
+            import_text_pairs_to(HH_200, out_dir, "hh", batch_rows=7)
+    assert list(fresh.iterdir()) == []
+    assert {p.name: p.read_bytes() for p in earlier.iterdir()} == before
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(lines, max_size=12), st.integers(0, 4), st.sampled_from(list(text_pairs.FIELDS)), st.integers(1, 4))
+def test_streamed_import_equals_in_memory_on_any_lines(rows, n_repeated, fmt, batch_rows):
+    rows = rows + rows[:n_repeated]
+    with tempfile.TemporaryDirectory() as tmp:
+        path = write_lines(Path(tmp) / "rows.jsonl", rows)
+        assert_streamed_equals_in_memory(path, Path(tmp) / "out", fmt, batch_rows, max_field_chars=50)

@@ -1,22 +1,101 @@
-"""Import of Label Studio JSON exports (pairwise template) into the annotations table.
+"""Import of Label Studio JSON exports: pairwise, rating and ranking templates.
 
-Every annotation in the export becomes either one row of `annotations` or one row of the
-quarantine table with a machine-readable reason; a task with no annotation at all is one
-quarantined row. So accepted + quarantined = input rows, always (checked before returning).
+The result type of each annotation tells its template:
+
+    pairwise  <Pairwise .../>; data: prompt_id, answer1_id, answer2_id;
+              value {"selected": "left" | "right"}     -> one `annotations` row, label "a" | "b"
+    rating    <Rating ... maxRating="5"/>; data: prompt_id, response_id;
+              value {"rating": 4}                      -> one `scores` row, score = the rating
+    ranker    <List name="items" value="$items"/><Ranker name="rank" toName="items"/> (no buckets);
+              data: prompt_id, items [{"id": response_id, ...}, ...];
+              value {"ranker": {"rank": [ids, best first]}} -> one `scores` row per ranked id,
+              score = -position (the first is -1)
+
+Judgement ids are derived from content, so they are the same in every export of the same
+project; a later export that repeats a judgement can then be dropped as a duplicate:
+
+    task_id       = data["task_id"] when it is a non-empty string (the pipeline's own task id),
+                    else str(task["id"]) (Label Studio's task id)
+    annotator     = str(annotation["completed_by"]) (a Label Studio user id; for an object, its
+                    "email", else its "id")
+    annotation_id = f"{task_id}:{annotator}"        (one judgement per annotator and task)
+    score_id      = f"{annotation_id}:{response_id}"
+
+Every annotation becomes one accepted judgement or one quarantine row, and a task without
+annotations is one quarantine row: len(annotations) + distinct annotation_id in scores +
+len(quarantine) = input rows, always (checked before returning). `source_index` is the task's
+0-based position in the export (an extra column of annotations and scores too). Quarantine
+reasons, in the order they are checked:
+
+    malformed_task        the task is not an object, or its "annotations" is not a list
+    no_annotations        the task has no annotation
+    missing_data          the task has no "data" object
+    malformed_annotation  the annotation is not an object, or its "result" is not a list
+    cancelled             the annotator skipped the task
+    missing_field         no task id, no annotator, or a data field the template needs is missing
+                          or not a non-empty string (ranker: "items" not a list of objects with "id")
+    undecodable           a task id, annotator or id with a lone surrogate escape ("\\ud800")
+    no_choice             no pairwise, rating or ranker result; or "selected" not left / right
+    multiple_results      more than one pairwise / rating / ranker result in one annotation
+    self_pair             pairwise: answer1_id == answer2_id
+    bad_rating            the rating is not a finite number, or not in 1..max_rating (when given)
+    bad_ranking           not one list (a bucketed Ranker) of >= 2 distinct ids, all among the items
+    unknown_response      a response id not in the responses table
+    prompt_mismatch       a response that belongs to another prompt
+    duplicate             the annotator already judged this task in this export, the same way
+    contradictory         the annotator already judged this task in this export, another way
+                          (the first judgement stays accepted)
 """
 
 from __future__ import annotations
 
 import json
+import math
+from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
 
+from rlhf_core.schemas import TABLES
+
 QUARANTINE_COLUMNS = ["source_index", "reason", "detail", "raw"]
+ANNOTATION_COLUMNS = [*(c.name for c in TABLES["annotations"].columns), "source_index"]
+SCORE_COLUMNS = [*(c.name for c in TABLES["scores"].columns), "source_index"]
+TEMPLATES = ("pairwise", "rating", "ranker")
 
 
 class ImportFormatError(ValueError):
     """The file as a whole cannot be read as this format."""
+
+
+class Rejected(Exception):
+    """One row that cannot be accepted: a machine-readable reason and a human-readable detail."""
+
+    def __init__(self, reason: str, detail: str):
+        super().__init__(reason, detail)
+        # details quote ids from the file, which may hold lone surrogates that no table can store
+        self.reason, self.detail = reason, detail.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+@dataclass(frozen=True)
+class LabelStudioImport:
+    annotations: pd.DataFrame  # pairwise judgements: the annotations table + source_index
+    scores: pd.DataFrame  # rating and ranker judgements: the scores table + source_index
+    quarantine: pd.DataFrame  # QUARANTINE_COLUMNS
+    template_counts: dict[str, int]  # accepted judgements per template (every one of TEMPLATES)
+
+
+@dataclass(frozen=True)
+class _Judgement:
+    template: str
+    task_id: str
+    annotator: str
+    prompt_id: str
+    value: object  # pairwise: "a" | "b"; rating: the rating; ranker: the ranked ids, best first
+
+    @property
+    def annotation_id(self) -> str:
+        return f"{self.task_id}:{self.annotator}"
 
 
 def read_export(path: str | Path) -> list[dict]:
@@ -32,78 +111,226 @@ def read_export(path: str | Path) -> list[dict]:
     return data
 
 
-def _pairwise_choice(annotation: dict) -> str | None:
-    for result in annotation.get("result") or []:
-        if isinstance(result, dict) and result.get("type") == "pairwise":
-            selected = (result.get("value") or {}).get("selected")
-            return {"left": "a", "right": "b"}.get(selected)
-    return None
+def to_json(obj: object) -> str:
+    """`obj` as JSON text for the `raw` column; repr() for what JSON cannot hold."""
+    try:
+        return json.dumps(obj, default=str)
+    except (TypeError, ValueError, RecursionError):
+        return repr(obj)
 
 
-def _check(task: dict, annotation: dict, known_responses: dict[str, str]) -> tuple[str, str] | None:
-    """(reason, detail) if this annotation cannot be accepted, else None."""
-    data = task.get("data") if isinstance(task, dict) else None
-    if not isinstance(data, dict):
-        return "missing_data", "task has no 'data' object"
-    for field in ("prompt_id", "answer1_id", "answer2_id"):
-        if not isinstance(data.get(field), str) or not data.get(field):
-            return "missing_field", f"data.{field} is missing or not a string"
-    a, b = data["answer1_id"], data["answer2_id"]
+def finite_number(value: object) -> float | None:
+    """`value` as a float if it is a finite int or float (not a bool), else None."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:
+        return None
+    return number if math.isfinite(number) else None
+
+
+def check_unicode(text: str, name: str) -> str:
+    """`text` itself, if it can be written as UTF-8 (JSON may hold a lone surrogate escape, "\\ud800")."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise Rejected("undecodable", f"{name} contains a lone surrogate escape") from None
+    return text
+
+
+def text_field(obj: dict, name: str, where: str = "data") -> str:
+    value = obj.get(name)
+    if not isinstance(value, str) or not value:
+        raise Rejected("missing_field", f"{where}.{name} is missing or not a non-empty string")
+    return check_unicode(value, f"{where}.{name}")
+
+
+def check_response(response_id: str, prompt_id: str, known: dict[str, str]) -> None:
+    """Raise Rejected unless `response_id` is a known response to `prompt_id` (known: response -> prompt)."""
+    if response_id not in known:
+        raise Rejected("unknown_response", f"response id {response_id} is not in the responses artifact")
+    if known[response_id] != prompt_id:
+        raise Rejected("prompt_mismatch", f"response {response_id} belongs to prompt {known[response_id]}, not {prompt_id}")
+
+
+def check_ranking(ranking: object, prompt_id: str, known: dict[str, str], items: set[str] | None = None) -> tuple:
+    """The ranked response ids, best first, checked: >= 2 distinct id strings, all among `items`
+    (when given), each a known response to `prompt_id`. Raises Rejected."""
+    if not isinstance(ranking, list) or not all(isinstance(r, str) and r for r in ranking):
+        raise Rejected("bad_ranking", "the ranking is not a list of response id strings")
+    if len(ranking) < 2:
+        raise Rejected("bad_ranking", f"the ranking has {len(ranking)} id(s); a ranking needs at least 2")
+    if len(set(ranking)) != len(ranking):
+        repeated = sorted({r for r in ranking if ranking.count(r) > 1})
+        raise Rejected("bad_ranking", f"the ranking repeats {repeated[:5]}")
+    if items is not None and not set(ranking) <= items:
+        raise Rejected("bad_ranking", f"the ranking names {sorted(set(ranking) - items)[:5]}, not among the task's items")
+    for response_id in ranking:
+        check_response(response_id, prompt_id, known)
+    return tuple(ranking)
+
+
+def _task_id(task: dict, data: dict) -> str:
+    if isinstance(data.get("task_id"), str) and data["task_id"]:
+        return check_unicode(data["task_id"], "data.task_id")
+    if isinstance(task.get("id"), (int, str)) and not isinstance(task.get("id"), bool) and task.get("id") != "":
+        return check_unicode(str(task["id"]), "task id")
+    raise Rejected("missing_field", "the task has neither data.task_id nor an id")
+
+
+def _annotator(annotation: dict) -> str:
+    who = annotation.get("completed_by")
+    if isinstance(who, dict):  # some exports expand the user
+        who = who.get("email") or who.get("id")
+    if isinstance(who, bool) or not isinstance(who, (int, str)) or who == "":
+        raise Rejected("missing_field", "annotation.completed_by (the annotator) is missing")
+    return check_unicode(str(who), "annotation.completed_by")
+
+
+def _result(annotation: dict) -> tuple[str, dict]:
+    """(template, value) of the annotation's one pairwise / rating / ranker result."""
+    results = annotation.get("result")
+    if not isinstance(results, list):
+        raise Rejected("malformed_annotation", "annotation.result is not a list")
+    found = [r for r in results if isinstance(r, dict) and r.get("type") in TEMPLATES]
+    if not found:
+        raise Rejected("no_choice", f"no result of type {'/'.join(TEMPLATES)}")
+    if len(found) > 1:
+        raise Rejected("multiple_results", f"{len(found)} results of types {[r['type'] for r in found]}")
+    value = found[0].get("value")
+    return found[0]["type"], value if isinstance(value, dict) else {}
+
+
+def _pairwise(data: dict, value: dict, prompt_id: str, known: dict[str, str]) -> str:
+    a, b = text_field(data, "answer1_id"), text_field(data, "answer2_id")
+    label = {"left": "a", "right": "b"}.get(value.get("selected"))
+    if label is None:
+        raise Rejected("no_choice", f"pairwise selected {value.get('selected')!r}, not 'left' or 'right'")
     if a == b:
-        return "self_pair", f"answer1_id == answer2_id == {a}"
-    for rid in (a, b):
-        if rid not in known_responses:
-            return "unknown_response", f"response id {rid} is not in the responses artifact"
-        if known_responses[rid] != data["prompt_id"]:
-            return "prompt_mismatch", f"response {rid} belongs to prompt {known_responses[rid]}, not {data['prompt_id']}"
+        raise Rejected("self_pair", f"answer1_id == answer2_id == {a}")
+    check_response(a, prompt_id, known)
+    check_response(b, prompt_id, known)
+    return label
+
+
+def _rating(data: dict, value: dict, prompt_id: str, known: dict[str, str], max_rating: int | None) -> float:
+    response_id = text_field(data, "response_id")
+    rating = finite_number(value.get("rating"))
+    if rating is None:
+        raise Rejected("bad_rating", f"rating {value.get('rating')!r} is not a finite number")
+    if max_rating is not None and not 1 <= rating <= max_rating:
+        raise Rejected("bad_rating", f"rating {rating} is outside 1..{max_rating} (max_rating)")
+    check_response(response_id, prompt_id, known)
+    return rating
+
+
+def _ranker(data: dict, value: dict, prompt_id: str, known: dict[str, str]) -> tuple:
+    items = data.get("items")
+    if not isinstance(items, list) or not all(isinstance(i, dict) and isinstance(i.get("id"), str) for i in items):
+        raise Rejected("missing_field", "data.items is missing or not a list of objects with a string id")
+    lists = value.get("ranker")
+    if not isinstance(lists, dict) or len(lists) != 1:
+        n = len(lists) if isinstance(lists, dict) else 0
+        raise Rejected("bad_ranking", f"value.ranker holds {n} lists; one ordered list (no buckets) is needed")
+    (ranking,) = lists.values()
+    return check_ranking(ranking, prompt_id, known, items={i["id"] for i in items})
+
+
+def _judgement(task: dict, annotation: object, known: dict[str, str], max_rating: int | None) -> _Judgement:
+    """The judgement of one annotation, or raise Rejected (reasons in the module docstring)."""
+    data = task.get("data")
+    if not isinstance(data, dict):
+        raise Rejected("missing_data", "task has no 'data' object")
     if not isinstance(annotation, dict):
-        return "malformed_annotation", "annotation is not an object"
+        raise Rejected("malformed_annotation", "annotation is not an object")
     if annotation.get("was_cancelled"):
-        return "cancelled", "annotator skipped the task"
-    if _pairwise_choice(annotation) is None:
-        return "no_choice", "no pairwise result with selected left/right"
-    return None
+        raise Rejected("cancelled", "annotator skipped the task")
+    task_id, annotator = _task_id(task, data), _annotator(annotation)
+    prompt_id = text_field(data, "prompt_id")
+    template, value = _result(annotation)
+    if template == "pairwise":
+        judged = _pairwise(data, value, prompt_id, known)
+    elif template == "rating":
+        judged = _rating(data, value, prompt_id, known, max_rating)
+    else:
+        judged = _ranker(data, value, prompt_id, known)
+    return _Judgement(template, task_id, annotator, prompt_id, judged)
 
 
-def import_label_studio(export: list[dict], responses: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Return (annotations, quarantine) tables from a pairwise Label Studio export."""
+def _rows(j: _Judgement, data: dict, raw: str, source_index: int) -> list[dict]:
+    """The annotations row (pairwise) or scores rows (rating, ranker) of an accepted judgement."""
+    annotation_id = j.annotation_id
+    if j.template == "pairwise":
+        return [{"annotation_id": annotation_id, "task_id": j.task_id, "prompt_id": j.prompt_id,
+                 "response_a_id": data["answer1_id"], "response_b_id": data["answer2_id"], "label": j.value,
+                 "annotator": j.annotator, "raw": raw, "source_index": source_index}]
+    scored = [(data["response_id"], j.value)] if j.template == "rating" else [
+        (rid, -float(position)) for position, rid in enumerate(j.value, start=1)]
+    return [{"score_id": f"{annotation_id}:{rid}", "annotation_id": annotation_id, "prompt_id": j.prompt_id,
+             "response_id": rid, "score": score, "annotator": j.annotator, "raw": raw, "source_index": source_index}
+            for rid, score in scored]
+
+
+def import_label_studio_export(export: list[dict], responses: pd.DataFrame,
+                               max_rating: int | None = None) -> LabelStudioImport:
+    """Import a Label Studio export of any mix of the three templates (see the module docstring).
+
+    `responses`: the responses table (response_id, prompt_id). `max_rating`: the Rating tag's
+    maxRating, when known; ratings outside 1..max_rating are then quarantined.
+    """
     known = dict(zip(responses["response_id"], responses["prompt_id"]))
-    accepted, quarantined, n_input = [], [], 0
-    seen: set[tuple[str, str]] = set()
+    annotation_rows, score_rows, quarantined, n_input = [], [], [], 0
+    first: dict[str, _Judgement] = {}  # annotation_id -> its accepted judgement
+    counts = dict.fromkeys(TEMPLATES, 0)
     for t_index, task in enumerate(export):
         annotations = task.get("annotations") if isinstance(task, dict) else None
+        if not isinstance(task, dict) or not isinstance(annotations, (list, type(None))):
+            n_input += 1
+            quarantined.append((t_index, "malformed_task", "the task is not an object with a list of annotations",
+                                to_json(task)))
+            continue
         if not annotations:
             n_input += 1
-            quarantined.append((t_index, "no_annotations", "task has no annotations", json.dumps(task)))
+            quarantined.append((t_index, "no_annotations", "task has no annotations", to_json(task)))
             continue
         for annotation in annotations:
             n_input += 1
-            raw = json.dumps({"task_id": task.get("id"), "data": task.get("data"), "annotation": annotation})
-            problem = _check(task, annotation, known)
-            data = task.get("data") or {}
-            annotator = str(annotation.get("completed_by", "")) if isinstance(annotation, dict) else ""
-            key = (str(data.get("task_id", task.get("id"))), annotator)
-            if problem is None and key in seen:
-                problem = ("duplicate", f"annotator {annotator} labelled task {key[0]} twice")
-            if problem is not None:
-                quarantined.append((t_index, problem[0], problem[1], raw))
+            raw = to_json({"task_id": task.get("id"), "data": task.get("data"), "annotation": annotation})
+            try:
+                judgement = _judgement(task, annotation, known, max_rating)
+                key = judgement.annotation_id
+                if key in first:
+                    same = first[key] == judgement
+                    raise Rejected("duplicate" if same else "contradictory",
+                                   f"annotator {judgement.annotator} already judged task {judgement.task_id}"
+                                   + (" the same way" if same else " another way; the first judgement is kept"))
+            except Rejected as rejected:
+                quarantined.append((t_index, rejected.reason, rejected.detail, raw))
                 continue
-            seen.add(key)
-            accepted.append(
-                {
-                    "annotation_id": f"{key[0]}:{annotation.get('id', len(accepted))}",
-                    "task_id": key[0],
-                    "prompt_id": data["prompt_id"],
-                    "response_a_id": data["answer1_id"],
-                    "response_b_id": data["answer2_id"],
-                    "label": _pairwise_choice(annotation),
-                    "annotator": annotator,
-                    "raw": raw,
-                }
-            )
-    annotations_df = pd.DataFrame(accepted, columns=["annotation_id", "task_id", "prompt_id", "response_a_id",
-                                                     "response_b_id", "label", "annotator", "raw"])
+            first[key] = judgement
+            counts[judgement.template] += 1
+            rows = _rows(judgement, task["data"], raw, t_index)
+            (annotation_rows if judgement.template == "pairwise" else score_rows).extend(rows)
+
+    annotations_df = pd.DataFrame(annotation_rows, columns=ANNOTATION_COLUMNS)
+    scores_df = pd.DataFrame(score_rows, columns=SCORE_COLUMNS).astype({"score": float})
     quarantine_df = pd.DataFrame(quarantined, columns=QUARANTINE_COLUMNS)
-    if len(annotations_df) + len(quarantine_df) != n_input:  # the invariant the whole import rests on
-        raise AssertionError(f"import lost rows: {len(annotations_df)} + {len(quarantine_df)} != {n_input}")
-    return annotations_df, quarantine_df
+    accepted = len(annotations_df) + scores_df["annotation_id"].nunique()
+    if accepted + len(quarantine_df) != n_input:  # the invariant the whole import rests on
+        raise AssertionError(f"import lost rows: {accepted} + {len(quarantine_df)} != {n_input}")
+    return LabelStudioImport(annotations_df, scores_df, quarantine_df, counts)
+
+
+def import_label_studio(export: list[dict], responses: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(annotations, quarantine) of a pairwise-only export: `import_label_studio_export` without scores.
+
+    Raises ImportFormatError if the export holds rating or ranker judgements (they would be lost here).
+    """
+    result = import_label_studio_export(export, responses)
+    if len(result.scores):
+        raise ImportFormatError(
+            f"the export holds {result.template_counts['rating']} rating and {result.template_counts['ranker']} "
+            "ranker judgement(s); import it with import_label_studio_export to keep their scores"
+        )
+    return result.annotations, result.quarantine

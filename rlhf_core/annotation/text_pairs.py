@@ -37,6 +37,19 @@ Ids are content hashes, so importing the same file twice gives identical tables:
     prompt_id = "p" + sha256(prompt)[:16]
     chosen_id = "r" + sha256(prompt + "\\0" + chosen)[:16]   (rejected_id likewise)
     pair_id   = pairs.comparison_pair_id(prompt_id, chosen_id, rejected_id)
+
+Two front ends share one parsing loop (`_classified_rows`, one item per row, in file order):
+`import_text_pairs` collects everything into DataFrames (small files, tests), and
+`import_text_pairs_to` streams it into comparisons.parquet and quarantine.parquet, `batch_rows`
+rows at a time, so its memory does not grow with the file except for the duplicate check:
+    - each accepted row leaves 8 bytes behind: its pair_id's 64 hash bits in a sorted uint64
+      array (16 bytes per accepted row for a moment while a merge copies the array); the digest
+      is the pair_id itself, so the check is exact, and a duplicate is found in O(log n);
+    - at most DIGEST_MERGE_EVERY recent digests wait in a Python set before each merge (about
+      70 bytes each, under 5 MB in all);
+    - everything else is bounded by batch_rows times the size of a row: one batch of accepted
+      rows and one of quarantine rows (Python dicts, then an Arrow table), plus the current line.
+So 1M accepted rows cost 8 MB for the duplicate check (docs/benchmark-annotation-import.md).
 """
 
 from __future__ import annotations
@@ -44,16 +57,23 @@ from __future__ import annotations
 import gzip
 import hashlib
 import json
+import os
+import tempfile
 import zlib
+from collections import Counter
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+import numpy as np
 import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
 
 from rlhf_core.annotation.label_studio import QUARANTINE_COLUMNS, ImportFormatError
 from rlhf_core.annotation.pairs import comparison_pair_id
-from rlhf_core.schemas import TABLES, validate_table
+from rlhf_core.schemas import TABLES, SchemaError, validate_table
 
 ASSISTANT = "\n\nAssistant:"
 FIELDS = {
@@ -65,6 +85,15 @@ COMPARISON_COLUMNS = [c.name for c in TABLES["comparisons"].columns]
 OUTPUT_COLUMNS = [*COMPARISON_COLUMNS, "margin"]
 ROLE_NAMES = {"user": "Human", "assistant": "Assistant", "system": "System"}  # others: capitalised
 DETECT_LINES = 20
+DIGEST_MERGE_EVERY = 65_536  # recent pair digests held in a Python set before they join the sorted array
+
+_ARROW_TYPES = {"str": pa.string(), "int": pa.int64(), "float": pa.float64()}
+COMPARISONS_ARROW_SCHEMA = pa.schema(
+    [(c.name, _ARROW_TYPES[c.kind]) for c in TABLES["comparisons"].columns] + [("margin", pa.float64())]
+)
+QUARANTINE_ARROW_SCHEMA = pa.schema(
+    [("source_index", pa.int64()), ("reason", pa.string()), ("detail", pa.string()), ("raw", pa.string())]
+)
 
 # Llama 2 (Touvron et al. 2023) §3.2.2: annotators also rate how much better the chosen reply is,
 # and the reward model's loss subtracts a discrete margin per rating (these are the 3/2/1/0 of
@@ -281,37 +310,193 @@ def detect_format(path: str | Path) -> Literal["hh", "trl", "trl_messages"]:
     )
 
 
+class _PairDigests:
+    """The pair_ids accepted so far, as their 64 hash bits: 8 bytes each once merged.
+
+    New digests go into a small Python set; every DIGEST_MERGE_EVERY of them are merged into one
+    sorted uint64 array, which is searched by bisection.
+    """
+
+    def __init__(self) -> None:
+        self._sorted = np.empty(0, dtype=np.uint64)
+        self._recent: set[int] = set()
+
+    def __contains__(self, digest: int) -> bool:
+        if digest in self._recent:
+            return True
+        key = np.uint64(digest)  # a Python int would make numpy compare in float64, copying the array
+        i = int(self._sorted.searchsorted(key))
+        return i < self._sorted.size and self._sorted[i] == key
+
+    def add(self, digest: int) -> None:
+        self._recent.add(digest)
+        if len(self._recent) >= DIGEST_MERGE_EVERY:
+            recent = np.sort(np.fromiter(self._recent, dtype=np.uint64, count=len(self._recent)))
+            self._sorted = np.insert(self._sorted, self._sorted.searchsorted(recent), recent)
+            self._recent.clear()
+
+
+def _pair_digest(pair_id: str) -> int:
+    """The 64 bits of a pair_id ("c" + 16 hex digits): equal digests mean equal pair_ids."""
+    return int(pair_id[1:], 16)
+
+
+def _classified_rows(path: Path, fmt: str, max_field_chars: int) -> Iterator[tuple[dict | None, dict | None]]:
+    """One item per row of the file, in file order: (comparison row with `margin`, None) if the
+    row is accepted, (None, quarantine row) if not. Blank lines are not rows and give nothing."""
+    seen = _PairDigests()
+    for number, line in _lines(path):
+        if not line.strip():
+            continue
+        try:
+            texts, margin = _parse(line, fmt, max_field_chars)
+            row = {**_comparison(**texts), "margin": margin}
+            digest = _pair_digest(row["pair_id"])
+            if digest in seen:
+                raise _Rejected("duplicate", f"same pair as an earlier row (pair_id {row['pair_id']})")
+        except _Rejected as rejected:
+            raw = line.decode("utf-8", errors="backslashreplace")
+            yield None, dict(zip(QUARANTINE_COLUMNS, (number, rejected.reason, rejected.detail, raw)))
+            continue
+        seen.add(digest)
+        yield row, None
+
+
+def _resolve_format(path: str | Path, fmt: str) -> str:
+    """`fmt` itself, or the detected format for "auto"; an unknown name raises ValueError."""
+    if fmt == "auto":
+        return detect_format(path)
+    if fmt not in FIELDS:
+        raise ValueError(f"unknown format {fmt!r}; known: {['auto', *FIELDS]}")
+    return fmt
+
+
 def import_text_pairs(
     path: str | Path, fmt: Literal["auto", "hh", "trl", "trl_messages"] = "auto", max_field_chars: int = 20_000
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Return (comparisons + `margin`, quarantine) from a JSONL file of text pairs (see the module docstring).
 
+    Holds the whole result in memory; `import_text_pairs_to` streams a large file to Parquet instead.
     fmt="auto" asks `detect_format`, which raises ImportFormatError on a file it cannot tell (an empty one too).
     """
-    if fmt == "auto":
-        fmt = detect_format(path)
-    if fmt not in FIELDS:
-        raise ValueError(f"unknown format {fmt!r}; known: {['auto', *FIELDS]}")
+    fmt = _resolve_format(path, fmt)
     accepted, quarantined, n_rows = [], [], 0
-    seen: set[str] = set()
-    for number, line in _lines(Path(path)):
-        if not line.strip():
-            continue
+    for comparison, quarantine_row in _classified_rows(Path(path), fmt, max_field_chars):
         n_rows += 1
-        try:
-            texts, margin = _parse(line, fmt, max_field_chars)
-            row = {**_comparison(**texts), "margin": margin}
-            if row["pair_id"] in seen:
-                raise _Rejected("duplicate", f"same pair as an earlier row (pair_id {row['pair_id']})")
-        except _Rejected as rejected:
-            raw = line.decode("utf-8", errors="backslashreplace")
-            quarantined.append((number, rejected.reason, rejected.detail, raw))
-            continue
-        seen.add(row["pair_id"])
-        accepted.append(row)
+        if comparison is not None:
+            accepted.append(comparison)
+        else:
+            quarantined.append(quarantine_row)
     comparisons = pd.DataFrame(accepted, columns=OUTPUT_COLUMNS).astype({"margin": float})
     validate_table("comparisons", comparisons)
     quarantine = pd.DataFrame(quarantined, columns=QUARANTINE_COLUMNS)
     if len(comparisons) + len(quarantine) != n_rows:  # the invariant the whole import rests on
         raise AssertionError(f"import lost rows: {len(comparisons)} + {len(quarantine)} != {n_rows}")
     return comparisons, quarantine
+
+
+@dataclass(frozen=True)
+class ImportSummary:
+    """What `import_text_pairs_to` read and wrote; accepted + quarantined == rows."""
+
+    fmt: str
+    rows: int  # non-blank lines of the file
+    accepted: int  # rows of comparisons.parquet
+    quarantined: int  # rows of quarantine.parquet
+    reasons: dict[str, int]  # quarantine reason -> number of rows, in order of first appearance
+    comparisons_path: Path
+    quarantine_path: Path
+
+
+class _ParquetBatches:
+    """Rows appended one at a time, written to an open ParquetWriter `batch_rows` at a time."""
+
+    def __init__(self, name: str, writer: pq.ParquetWriter, batch_rows: int):
+        self.name, self.writer, self.batch_rows = name, writer, batch_rows
+        self.pending: list[dict] = []
+
+    def append(self, row: dict) -> None:
+        self.pending.append(row)
+        if len(self.pending) >= self.batch_rows:
+            self.flush()
+
+    def flush(self) -> None:
+        if not self.pending:
+            return
+        table = pa.Table.from_pylist(self.pending, schema=self.writer.schema)
+        nulls = [name for name, column in zip(table.column_names, table.columns) if column.null_count]
+        if nulls:  # every column is required; Arrow's types alone would let a None through
+            raise SchemaError(f"{self.name}: null values in column(s) {nulls}")
+        self.writer.write_table(table)
+        self.pending = []
+
+
+def _temp_path(out_dir: Path, name: str) -> Path:
+    fd, tmp = tempfile.mkstemp(dir=out_dir, prefix=f".{name}.", suffix=".tmp")
+    os.close(fd)
+    return Path(tmp)
+
+
+def _fsync(path: Path) -> None:
+    with open(path, "rb") as f:
+        os.fsync(f.fileno())
+
+
+def import_text_pairs_to(
+    path: str | Path,
+    out_dir: str | Path,
+    fmt: Literal["auto", "hh", "trl", "trl_messages"] = "auto",
+    max_field_chars: int = 20_000,
+    batch_rows: int = 20_000,
+) -> ImportSummary:
+    """Stream a JSONL file of text pairs into out_dir/comparisons.parquet (+ `margin`) and
+    out_dir/quarantine.parquet, `batch_rows` rows at a time (memory: see the module docstring).
+
+    The rows are those `import_text_pairs` returns, in the same order and types; the comparisons
+    file reads back with `schemas.read_table("comparisons", ...)`. Both files are written under
+    temporary names in out_dir and renamed into place only when the whole file was read, quarantine
+    first and comparisons last: after a failure there is no new comparisons.parquet.
+    """
+    if batch_rows < 1:
+        raise ValueError(f"batch_rows must be at least 1, got {batch_rows}")
+    fmt = _resolve_format(path, fmt)
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    targets = {"quarantine": out_dir / "quarantine.parquet", "comparisons": out_dir / "comparisons.parquet"}
+    temps = {name: _temp_path(out_dir, target.name) for name, target in targets.items()}
+    try:
+        n_rows, reasons = 0, Counter()
+        with (
+            pq.ParquetWriter(temps["comparisons"], COMPARISONS_ARROW_SCHEMA) as comparisons_writer,
+            pq.ParquetWriter(temps["quarantine"], QUARANTINE_ARROW_SCHEMA) as quarantine_writer,
+        ):
+            comparisons = _ParquetBatches("comparisons", comparisons_writer, batch_rows)
+            quarantine = _ParquetBatches("quarantine", quarantine_writer, batch_rows)
+            for comparison, quarantine_row in _classified_rows(Path(path), fmt, max_field_chars):
+                n_rows += 1
+                if comparison is not None:
+                    comparisons.append(comparison)
+                else:
+                    reasons[quarantine_row["reason"]] += 1
+                    quarantine.append(quarantine_row)
+            comparisons.flush()
+            quarantine.flush()
+        written = {name: pq.ParquetFile(tmp).metadata.num_rows for name, tmp in temps.items()}
+        if written["comparisons"] + written["quarantine"] != n_rows:  # the invariant the whole import rests on
+            raise AssertionError(f"import lost rows: {written['comparisons']} + {written['quarantine']} != {n_rows}")
+        for name, tmp in temps.items():  # quarantine first: a comparisons.parquet never lacks its quarantine
+            _fsync(tmp)
+            os.replace(tmp, targets[name])
+    except BaseException:
+        for tmp in temps.values():
+            tmp.unlink(missing_ok=True)
+        raise
+    return ImportSummary(
+        fmt=fmt,
+        rows=n_rows,
+        accepted=written["comparisons"],
+        quarantined=written["quarantine"],
+        reasons=dict(reasons),
+        comparisons_path=targets["comparisons"],
+        quarantine_path=targets["quarantine"],
+    )

@@ -14,7 +14,7 @@ import contextlib
 from dataclasses import dataclass
 
 import torch
-from transformers import PreTrainedTokenizerBase
+from transformers import LogitsProcessor, LogitsProcessorList, PreTrainedTokenizerBase
 
 
 @dataclass
@@ -46,6 +46,28 @@ def decode_responses(
     ]
 
 
+class RepetitionPenalty(LogitsProcessor):
+    """CTRL repetition penalty (Keskar et al., 2019) on every token already in the row.
+
+    A token seen in the query or in the response so far gets its logit divided by `penalty` when
+    positive and multiplied by it when negative, so `penalty` > 1 makes repeats less likely and 1
+    changes nothing. Unlike transformers' own processor it skips left padding: with pad == eos, a
+    padded row would otherwise have eos penalised, and a row's output would depend on its batch.
+    """
+
+    def __init__(self, penalty: float, query_mask: torch.Tensor):
+        self.penalty = penalty
+        self.query_mask = query_mask  # (B, Tq) 1 on real query tokens, 0 on left padding
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        # input_ids (B, Tq + t): the query then the t tokens generated so far; scores (B, V)
+        n_generated = input_ids.shape[1] - self.query_mask.shape[1]
+        real = torch.cat([self.query_mask, self.query_mask.new_ones(len(input_ids), n_generated)], 1)
+        seen = torch.zeros_like(scores).scatter_add_(1, input_ids, real.to(scores.dtype)) > 0  # (B, V)
+        penalised = torch.where(scores > 0, scores / self.penalty, scores * self.penalty)
+        return torch.where(seen, penalised, scores)
+
+
 def _generate_kwargs(temperature: float, top_p: float, top_k: int) -> dict:
     """Sampling switches for model.generate; temperature 0 means greedy."""
     if temperature == 0:
@@ -63,12 +85,14 @@ def sample_batch(
     top_p: float = 1.0,
     top_k: int = 0,
     generator_seed: int | None = None,
+    repetition_penalty: float = 1.0,
 ) -> Rollout:
     """Sample one response per query (KV cache). Deterministic for a given `generator_seed`.
 
     With a seed, sampling runs inside a forked RNG: it neither depends on nor disturbs the
     caller's global torch RNG. Without one it draws from (and advances) the global RNG.
-    `top_k=0` means no top-k filter.
+    `top_k=0` means no top-k filter. `repetition_penalty` is the CTRL penalty (`RepetitionPenalty`);
+    a model's own generation_config.json cannot add another one.
     """
     # Left padding whatever the tokenizer's default: generation appends at the right edge.
     # add_special_tokens=False: many tokenizers would otherwise append eos (or prepend bos) to a query.
@@ -79,6 +103,9 @@ def sample_batch(
         raise ValueError(f"a query encodes to no tokens; check the tokenizer ({type(tokenizer).__name__})")
     device = next(model.parameters()).device
     query_ids, query_mask = enc.input_ids.to(device), enc.attention_mask.to(device)  # (B, Tq)
+    processors = LogitsProcessorList()
+    if repetition_penalty != 1.0:
+        processors.append(RepetitionPenalty(repetition_penalty, query_mask))
 
     seeded = generator_seed is not None
     devices = [] if device.type == "cpu" else [device]
@@ -92,6 +119,8 @@ def sample_batch(
             pad_token_id=tokenizer.pad_token_id,
             eos_token_id=tokenizer.eos_token_id,
             use_cache=True,
+            repetition_penalty=1.0,  # transformers' own (pad-blind) penalty off; ours is in `processors`
+            logits_processor=processors,
             **_generate_kwargs(temperature, top_p, top_k),
         )  # (B, Tq + Tr)
 

@@ -6,6 +6,7 @@ Per pair, with mean = the voted mean of r(chosen) - r(rejected):
            -mean (the ensemble's preference now points the way of the label), else it is mean;
 - smooth:  soft_label = 1 - cfg.ambiguous_smoothing for the "ambiguous" bucket, else 1.0;
 - margin:  margin = cfg.margin_scale * strength if cfg.adaptive_margin, else 0.0.
+- ties:    a pair kept as a tie (column `tie`) is never flipped: soft_label 0.5, margin 0.
 
 With flipping on (the default) strength = |mean| for every pair: after the flip every label
 agrees with the ensemble, and |mean| is how strongly the ensemble prefers the (now) chosen
@@ -46,10 +47,14 @@ def denoise(
     df = comparisons.merge(votes[["pair_id", "mean", "std", "bucket"]], on="pair_id", how="left", validate="1:1")
     mean = df["mean"].to_numpy(dtype=np.float64)  # (N,)
 
-    flipped = (mean < 0) if cfg.flip else np.zeros(len(df), dtype=bool)  # (N,)
+    # A pair annotators called a tie (ties="keep") has no direction to flip or widen: P = 0.5, no margin.
+    tie = df["tie"].to_numpy(dtype=bool) if "tie" in df.columns else np.zeros(len(df), dtype=bool)  # (N,)
+    flipped = (mean < 0) & ~tie if cfg.flip else np.zeros(len(df), dtype=bool)  # (N,)
     strength = np.where(flipped, -mean, mean)  # (N,)
     soft_label = np.where(df["bucket"] == "ambiguous", 1.0 - cfg.ambiguous_smoothing, 1.0)  # (N,)
+    soft_label = np.where(tie, 0.5, soft_label)
     margin = cfg.margin_scale * strength if cfg.adaptive_margin else np.zeros(len(df))  # (N,)
+    margin = np.where(tie, 0.0, margin)
 
     out = pd.DataFrame(
         {

@@ -2,7 +2,9 @@
 
 A pair's text is `format_query(prompt) + response + eos`. Sequences are right-padded with the
 pad id, so a `*ForSequenceClassification` head, which reads the last non-pad token, reads the
-appended eos: the reward of the whole response.
+appended eos: the reward of the whole response. Where pad = eos (most pretrained chat tokenizers,
+e.g. SmolLM2's `<|im_end|>`), it reads the last response token instead, the same way for every
+text, so rewards stay comparable.
 """
 
 from __future__ import annotations

@@ -28,7 +28,7 @@ from typing import Literal
 import numpy as np
 import pandas as pd
 
-from rlhf_core.sampling.normalize import drop_duplicate_prompts, normalize_tags
+from rlhf_core.sampling.pool import PreparedPool, prepare_pool
 
 Mode = Literal["complexity_first", "balanced"]
 PASS_REASON = {"complexity_first": "complexity-first", "balanced": "balanced"}
@@ -95,6 +95,14 @@ def instag_passes(prompt_tags: list[list[int]], n_tags: int, budget: int, cap: i
     return chosen + fill, n_passes, len(fill)
 
 
+def check_selection(budget: int, n_pool: int, mode: str) -> None:
+    """Fail before any work (deduplication, paid tagging) on a bad mode or a budget over the pool."""
+    if mode not in PASS_REASON:
+        raise ValueError(f"unknown sampling mode {mode!r}; expected one of {sorted(PASS_REASON)}")
+    if budget > n_pool:
+        raise ValueError(f"budget {budget} exceeds the pool of {n_pool} prompts")
+
+
 def select_prompts(
     prompts: pd.DataFrame,
     budget: int,
@@ -102,24 +110,29 @@ def select_prompts(
     *,
     mode: Mode = "complexity_first",
     max_tag_share: float = 0.3,
-    min_tag_count: int = 1,
-    merge_tag_variants: bool = False,
-    drop_duplicates: bool = False,
+    **prepare_options,
 ) -> tuple[pd.DataFrame, dict[str, float]]:
     """Select up to `budget` rows of a prompts table. Returns (sampled_prompts table, report dict).
 
-    Steps: duplicate prompts removed (optional), tags normalised, InsTag passes in `mode`, fill.
-    Deterministic for a seed. Selects min(budget, pool after deduplication) prompts, fewer only
-    in balanced mode when the cap leaves too few usable prompts.
+    Steps: `prepare_pool` (deduplication, tagging, tag normalisation; `prepare_options` are its
+    keyword arguments: min_tag_count, merge_tag_variants, drop_duplicates, ...), then
+    `select_from_pool`. Deterministic for a seed.
     """
-    if mode not in PASS_REASON:
-        raise ValueError(f"unknown sampling mode {mode!r}; expected one of {sorted(PASS_REASON)}")
-    if budget > len(prompts):
-        raise ValueError(f"budget {budget} exceeds the pool of {len(prompts)} prompts")
-    n_pool, n_duplicates = len(prompts), 0
-    if drop_duplicates:
-        prompts, n_duplicates = drop_duplicate_prompts(prompts)
-    tags, report = normalize_tags(prompts["tags"], min_tag_count, merge_tag_variants)
+    check_selection(budget, len(prompts), mode)
+    return select_from_pool(prepare_pool(prompts, **prepare_options), budget, seed, mode=mode,
+                            max_tag_share=max_tag_share)
+
+
+def select_from_pool(
+    pool: PreparedPool, budget: int, seed: int, *, mode: Mode = "complexity_first", max_tag_share: float = 0.3
+) -> tuple[pd.DataFrame, dict[str, float]]:
+    """InsTag passes in `mode`, then fill, over a prepared pool; returns (sampled_prompts table, report).
+
+    Selects min(budget, pool after deduplication) prompts, fewer only in balanced mode when the
+    cap leaves too few usable prompts. The report holds the pool's counts and the selection's.
+    """
+    check_selection(budget, int(pool.report["n_pool"]), mode)
+    prompts, tags = pool.prompts, pool.tags
     target = min(budget, len(prompts))
 
     rng = np.random.default_rng(seed)
@@ -137,9 +150,8 @@ def select_prompts(
     out["n_tags"] = [int(n_tags[i]) for i in idx]
     out["selection_order"] = list(range(len(idx)))
     out["selection_reason"] = [PASS_REASON[mode]] * (len(idx) - n_fill) + ["fill"] * n_fill
+    report = dict(pool.report)
     report.update(
-        n_pool=n_pool,
-        n_duplicates_removed=n_duplicates,
         n_selected=len(out),
         budget_met=float(len(out) == budget),
         n_passes=n_passes,

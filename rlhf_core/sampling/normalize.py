@@ -6,18 +6,24 @@ InsTag (Lu et al. 2023) normalises open-set tags in steps; the steps done here, 
 2. rule aggregation (optional): tags whose spellings differ only in punctuation, whitespace,
    underscores, hyphens or an English suffix (plural, -ing, -ed) share one key and merge,
    so "code-reviews", "Code review" and "code_reviewing" become one tag;
-3. frequency filter: tags seen in fewer than `min_count` prompts are dropped (long-tail noise).
+3. semantic merge (optional): tags whose embeddings have cosine similarity >= a threshold merge
+   into the more frequent one ("math" into "mathematics" when that is the commoner tag);
+4. frequency filter: tags seen in fewer than `min_count` prompts are dropped (long-tail noise).
 
-InsTag's semantic (embedding) aggregation is not done yet.
+The encoder of step 3 is injected (any callable texts -> (N, D) array), so this module stays free
+of model code; `embedding.Encoder` is the real one.
 """
 
 from __future__ import annotations
 
 import re
 from collections import Counter
+from collections.abc import Callable
 
 import numpy as np
 import pandas as pd
+
+TextEncoder = Callable[[list[str]], np.ndarray]  # texts -> (N, D) embeddings
 
 _SEPARATORS = re.compile(r"[\W_]+")  # any run of punctuation, whitespace, underscore or hyphen
 # Prose punctuation only: symbols that change a prompt's meaning ("7+8" vs "7-8") are kept.
@@ -54,15 +60,56 @@ def _clean(tags) -> list[str]:
     return [c for c in (str(t).strip().lower() for t in tags) if c]
 
 
+def semantic_merge(
+    counts: dict[str, int], encoder: TextEncoder, threshold: float, block_size: int = 1024
+) -> dict[str, str]:
+    """Map every tag to the tag it merges into (itself when it stays); cosine >= threshold merges.
+
+    Leader clustering in frequency order (most frequent first, ties alphabetical): a tag joins the
+    most similar tag before it that is still a leader, when that similarity is >= threshold, else
+    it leads. Every merged tag is thus within the threshold of its new name, and chains
+    ("math" ~ "math proof" ~ "proof reading") cannot drift the way a connected-components
+    clustering (InsTag's DBSCAN) can. Similarities come from blocked products of unit-normalised
+    embeddings: (block_size, T) floats at a time, one vectorised argmax per tag.
+    """
+    if not -1.0 <= threshold <= 1.0:
+        raise ValueError(f"semantic merge threshold must be a cosine similarity in [-1, 1], got {threshold}")
+    names = sorted(counts, key=lambda t: (-counts[t], t))
+    if not names:
+        return {}
+    embeddings = np.asarray(encoder(names), dtype=np.float32)
+    if embeddings.ndim != 2 or len(embeddings) != len(names):
+        raise ValueError(f"the tag encoder returned shape {embeddings.shape} for {len(names)} tags; expected (T, D)")
+    norms = np.linalg.norm(embeddings, axis=1, keepdims=True)
+    embeddings = embeddings / np.maximum(norms, 1e-12)
+    leader = np.arange(len(names))
+    is_leader = np.ones(len(names), dtype=bool)
+    for start in range(0, len(names), block_size):
+        stop = min(start + block_size, len(names))
+        similarity = embeddings[start:stop] @ embeddings[:stop].T  # (B, stop): each tag vs itself and earlier tags
+        for i in range(start, stop):
+            row = np.where(is_leader[:i], similarity[i - start, :i], -np.inf)  # earlier leaders only
+            if i and row.max() >= threshold:
+                leader[i], is_leader[i] = int(row.argmax()), False  # argmax: first max, the more frequent
+    return {name: names[leader[i]] for i, name in enumerate(names)}
+
+
 def normalize_tags(
-    tags: pd.Series, min_count: int = 1, merge_variants: bool = False
+    tags: pd.Series,
+    min_count: int = 1,
+    merge_variants: bool = False,
+    semantic_threshold: float | None = None,
+    encoder: TextEncoder | None = None,
 ) -> tuple[pd.Series, dict[str, int]]:
     """Normalise every prompt's tags; returns (sorted unique tags per prompt, counts after each step).
 
     With `merge_variants`, spellings with the same `tag_key` merge into one tag, named by its most
     frequent cleaned spelling (ties: the alphabetically first), so tags stay readable in plots.
-    The frequency filter counts prompts, not occurrences (a tag repeated in one prompt counts once).
+    With `semantic_threshold`, `semantic_merge` with `encoder` runs on the tags left after that.
+    Frequencies count prompts, not occurrences (a tag repeated in one prompt counts once).
     """
+    if semantic_threshold is not None and encoder is None:
+        raise ValueError("semantic tag merging needs an encoder (texts -> embeddings); none was given")
     cleaned = tags.map(_clean)
     spellings = Counter(t for ts in cleaned for t in set(ts))
     rename = {t: t for t in spellings}
@@ -75,12 +122,19 @@ def normalize_tags(
             rename.update((s, name) for s in group)
     merged = cleaned.map(lambda ts: sorted({rename[t] for t in ts}))
     counts = Counter(t for ts in merged for t in ts)
+    n_after_rules = len(counts)
+    if semantic_threshold is not None:
+        semantic = semantic_merge(counts, encoder, semantic_threshold)
+        merged = merged.map(lambda ts: sorted({semantic[t] for t in ts}))
+        counts = Counter(t for ts in merged for t in ts)
     kept = {t for t, c in counts.items() if c >= min_count}
     normalized = merged.map(lambda ts: [t for t in ts if t in kept])
     report = {
         "tags_raw": len({t for ts in tags for t in ts}),
         "tags_after_cleaning": len(spellings),
-        "tags_after_rules": len(counts),
+        "tags_after_rules": n_after_rules,
+        "tags_after_semantic_merge": len(counts),
+        "n_tags_merged_semantic": n_after_rules - len(counts),
         "tags_after_frequency_filter": len(kept),
     }
     return normalized, report

@@ -1,13 +1,15 @@
-"""Data-parallel, resumable generation worker: every rank generates its shards, rank 0 reports.
+"""Data-parallel, resumable generation worker: every rank generates its shards of every generator.
 
     ACCELERATE_USE_CPU=1 accelerate launch --multi_gpu --num_processes 2 --num_machines 1 \
         --mixed_precision no --dynamo_backend no --main_process_port P \
-        -m rlhf_core.workers.generate --policy DIR --prompts PARQUET --config GEN.json \
-        --generator NAME --seed N --shard-dir DIR
+        -m rlhf_core.workers.generate --generators GENERATORS.json --prompts PARQUET --config GEN.json \
+        --seed N --shard-dir DIR
 
 (`accelerate launch --cpu --num_processes 2` silently starts one process; see STACK-NOTES.) A plain
 `python -m rlhf_core.workers.generate ...` runs as a single rank. Re-running skips finished shards.
-The main process writes shard_dir/world_size.txt and prints `n_shards=<N>` once all ranks are done.
+GENERATORS.json is the resolved plan (`generators.save_generators`: name, generator id, model
+directory, strategies). The main process writes shard_dir/world_size.txt and prints
+`n_shards=<N>` once all ranks are done.
 """
 
 from __future__ import annotations
@@ -20,22 +22,20 @@ import pandas as pd
 import torch
 from accelerate import Accelerator
 
-from rlhf_core import models
 from rlhf_core.artifacts import atomic_write_text
 from rlhf_core.config import GenerationConfig
-from rlhf_core.generation.shards import generate_sharded, n_shards
+from rlhf_core.generation.generators import read_generators
+from rlhf_core.generation.shards import generate_plan_shards, n_shards
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--policy", required=True, help="Hugging Face directory with policy + tokenizer")
+    p.add_argument("--generators", required=True, help="the resolved generators as JSON (save_generators)")
     p.add_argument("--prompts", required=True, help="Parquet with prompt_id and prompt columns")
-    p.add_argument("--config", required=True, help="GenerationConfig as a JSON file")
-    p.add_argument("--generator", required=True, help="written into every row's generator column")
+    p.add_argument("--config", required=True, help="GenerationConfig as a JSON file (batch_size, shard_size)")
     p.add_argument("--seed", type=int, required=True)
     p.add_argument("--shard-dir", required=True)
-    p.add_argument("--shard-size", type=int, default=256, help="prompts per shard; fixed for a run and its resumes")
-    p.add_argument("--progress", action="store_true")
+    p.add_argument("--progress", action="store_true", help="a progress bar on the main process")
     return p.parse_args(argv)
 
 
@@ -49,17 +49,16 @@ def main(argv: list[str] | None = None) -> None:
 
     cfg = GenerationConfig.model_validate_json(Path(args.config).read_text())
     prompts = pd.read_parquet(args.prompts, columns=["prompt_id", "prompt"])
-    model = models.load_policy(args.policy).to(accelerator.device)
-    tokenizer = models.load_tokenizer(args.policy)
     shard_dir = Path(args.shard_dir)
-
-    generate_sharded(model, tokenizer, prompts, cfg.strategies, generator=args.generator,
-                     batch_size=cfg.batch_size, seed=args.seed, shard_dir=shard_dir, rank=rank,
-                     world_size=world_size, shard_size=args.shard_size, progress=args.progress)
+    # Data-parallel ranks use the transformers backend (vLLM runs in one process; see vllm_backend).
+    generate_plan_shards(read_generators(Path(args.generators)), prompts, shard_dir, seed=args.seed,
+                         batch_size=cfg.batch_size, backend="hf", rank=rank, world_size=world_size,
+                         shard_size=cfg.shard_size, device=accelerator.device,
+                         progress=args.progress and accelerator.is_main_process)
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
         atomic_write_text(shard_dir / "world_size.txt", f"{world_size}\n")
-        print(f"n_shards={n_shards(len(prompts), args.shard_size)} world_size={world_size}", flush=True)
+        print(f"n_shards={n_shards(len(prompts), cfg.shard_size)} world_size={world_size}", flush=True)
     accelerator.end_training()  # destroys the process group cleanly
 
 

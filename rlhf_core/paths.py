@@ -1,0 +1,67 @@
+"""Paths named in configs must resolve under allowed roots.
+
+A config is data a person (or a Prefect UI form) typed; a path in it must not reach files the
+pipeline has no business reading (`../../etc/passwd`, a symlink out of the project). Every such
+path is resolved (symlinks followed, `..` removed) and must then lie under one of:
+
+- the current working directory (the project a person or a Prefect worker runs from),
+- the round's workdir (artifacts, caches),
+- each directory listed in the environment variable RLHF_ALLOWED_ROOTS (os.pathsep-separated),
+  for data kept elsewhere, e.g. `RLHF_ALLOWED_ROOTS=/data/annotations:/models`.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+ROOTS_ENV = "RLHF_ALLOWED_ROOTS"
+
+
+class PathNotAllowedError(ValueError):
+    """A config path outside every allowed root, or missing; the message says how to fix it."""
+
+
+def allowed_roots(workdir: str | Path | None = None) -> list[Path]:
+    roots = [Path.cwd()]
+    if workdir is not None:
+        roots.append(Path(workdir))
+    roots += [Path(p) for p in os.environ.get(ROOTS_ENV, "").split(os.pathsep) if p.strip()]
+    return [r.expanduser().resolve() for r in roots]
+
+
+def resolve_allowed(path: str | Path, field: str, roots: list[Path], must_exist: bool = True) -> Path:
+    """The resolved `path`, checked to lie under one of `roots` (and to exist, by default).
+
+    `field` is the config key that named the path (e.g. "annotation.exports[0]"), for the message.
+    """
+    resolved = Path(path).expanduser().resolve()
+    if not any(resolved.is_relative_to(root) for root in roots):
+        shown = ", ".join(str(r) for r in roots)
+        raise PathNotAllowedError(
+            f"{field}: {path} resolves to {resolved}, outside the allowed roots ({shown}); move the file "
+            f"under one of them or add its folder to {ROOTS_ENV} (separated by {os.pathsep!r})"
+        )
+    if must_exist and not resolved.exists():
+        raise PathNotAllowedError(f"{field}: {path} does not exist (resolved to {resolved})")
+    return resolved
+
+
+def config_paths(config) -> list[tuple[str, str]]:
+    """(config key, path) of every file or directory a RoundConfig reads."""
+    out = [(f"annotation.exports[{i}]", p) for i, p in enumerate(config.annotation.exports)]
+    out += [(f"generation.generators[{i}].model", g.model)
+            for i, g in enumerate(config.generation.generators) if g.model != "policy"]
+    tagger = config.sampling.tagger
+    out += [(f"sampling.tagger.{name}", getattr(tagger, name)) for name in ("model_path", "vocabulary_file")
+            if getattr(tagger, name)]
+    if config.policy_model.pretrained:
+        out.append(("policy_model.pretrained", config.policy_model.pretrained))
+    return out
+
+
+def check_config_paths(config) -> dict[str, Path]:
+    """Resolve every path of a RoundConfig under the allowed roots (see the module docstring);
+    raise PathNotAllowedError naming the first key that is outside them or missing."""
+    roots = allowed_roots(config.workdir)
+    return {key: resolve_allowed(path, key, roots) for key, path in config_paths(config)}

@@ -1,0 +1,94 @@
+"""The annotation stage with real export files: formats through the round, merging exports,
+idempotence, allowed roots, and what MLflow and Prefect recorded."""
+
+import gzip
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from mlflow import MlflowClient
+
+from rlhf_core.artifacts import ArtifactRef
+from rlhf_core.config import load_config
+from rlhf_core.paths import PathNotAllowedError
+
+CONFIG = Path(__file__).parents[1] / "configs" / "mini.yaml"
+HH = Path(__file__).parent / "data" / "hh-rlhf" / "pairs-200.jsonl.gz"
+
+
+def _round(workdir, exports, *overrides, stop_after="import_annotations"):
+    from flows.round import rlhf_round
+
+    sets = [f"workdir={workdir}", f"annotation.exports={json.dumps([str(p) for p in exports])}", *overrides]
+    return rlhf_round(config=load_config(CONFIG, overrides=sets), stop_after=stop_after)
+
+
+def _tables(summary):
+    ref = ArtifactRef(**summary["artifacts"]["import_annotations"])
+    return (pd.read_parquet(ref.file("comparisons.parquet")), pd.read_parquet(ref.file("quarantine.parquet")), ref)
+
+
+@pytest.fixture
+def allow_tmp(tmp_path, monkeypatch):
+    monkeypatch.setenv("RLHF_ALLOWED_ROOTS", str(tmp_path))
+    return tmp_path
+
+
+def _hh_lines(n):
+    with gzip.open(HH, "rt", encoding="utf-8") as f:
+        return [next(f) for _ in range(n)]
+
+
+def test_hh_export_through_the_round_recorded_in_mlflow_and_prefect(prefect_api, allow_tmp):
+    summary = _round(allow_tmp / "w", [HH])
+    comparisons, quarantine, _ = _tables(summary)
+    assert len(comparisons) + len(quarantine) == 200
+    assert set(comparisons["source"]) == {"hh"} and not comparisons["tie"].any()
+    assert (comparisons["soft_label"] == 1.0).all()
+    client = MlflowClient(summary["mlflow"]["tracking_uri"])
+    run = client.search_runs([client.get_run(summary["mlflow"]["run_id"]).info.experiment_id],
+                             filter_string="tags.`rlhf.stage` = 'import_annotations'")[0]
+    assert run.data.metrics["annotation/accepted"] == len(comparisons)
+    assert run.data.metrics["annotation/input_rows"] == 200
+    assert run.data.metrics["annotation/quarantined"] == len(quarantine)
+
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+
+    with get_client(sync_client=True) as client:
+        arts = client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["annotation-quarantine"])))
+    assert arts and arts[0].type == "table" and "200 input rows" in arts[0].description
+
+
+def test_same_file_same_digest_and_a_new_export_adds_only_new_pairs(prefect_api, allow_tmp):
+    lines = _hh_lines(30)
+    first, second = allow_tmp / "first.jsonl", allow_tmp / "second.jsonl"
+    first.write_text("".join(lines[:20]))
+    second.write_text("".join(lines[10:30]))  # 10 rows already in `first`
+
+    a, _, ref_a = _tables(_round(allow_tmp / "w1", [first]))
+    _, _, ref_b = _tables(_round(allow_tmp / "w2", [first]))  # another store, same file
+    assert ref_a.digest == ref_b.digest and len(a) == 20
+
+    merged, quarantine, _ = _tables(_round(allow_tmp / "w1", [first, second]))
+    assert len(merged) == 30 and merged["pair_id"].is_unique
+    assert set(a["pair_id"]) <= set(merged["pair_id"])
+    dup = quarantine[quarantine["reason"] == "duplicate"]
+    assert len(dup) == 10 and set(dup["source_file"]) == {"01-second.jsonl"}
+
+
+def test_export_outside_the_allowed_roots_is_refused_before_any_work(prefect_api, tmp_path, monkeypatch):
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "elsewhere" / "export.jsonl").write_text(_hh_lines(1)[0])
+    (tmp_path / "project").mkdir()
+    monkeypatch.chdir(tmp_path / "project")  # roots: the cwd and the workdir, nothing else
+    monkeypatch.delenv("RLHF_ALLOWED_ROOTS", raising=False)
+    workdir = tmp_path / "project" / "runs"
+    with pytest.raises(PathNotAllowedError, match=r"annotation.exports\[0\].*RLHF_ALLOWED_ROOTS"):
+        _round(workdir, ["../elsewhere/export.jsonl"], stop_after="annotators")
+    assert not list((workdir / "artifacts").glob("annotation_export/*"))
+
+    monkeypatch.setenv("RLHF_ALLOWED_ROOTS", str(tmp_path / "elsewhere"))  # the fix the message names
+    summary = _round(workdir, ["../elsewhere/export.jsonl"], stop_after="annotators")
+    assert summary["artifacts"]["annotators"]["kind"] == "annotation_export"

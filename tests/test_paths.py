@@ -1,0 +1,56 @@
+"""Config paths resolve under the allowed roots: no `..` or symlink escapes; the message says how to allow."""
+
+import os
+
+import pytest
+
+from rlhf_core.config import parse_config
+from rlhf_core.paths import PathNotAllowedError, allowed_roots, check_config_paths, resolve_allowed
+
+
+@pytest.fixture
+def layout(tmp_path, monkeypatch):
+    (tmp_path / "project" / "data").mkdir(parents=True)
+    (tmp_path / "project" / "data" / "ok.json").write_text("[]")
+    (tmp_path / "secret").mkdir()
+    (tmp_path / "secret" / "key.json").write_text("{}")
+    monkeypatch.chdir(tmp_path / "project")
+    monkeypatch.delenv("RLHF_ALLOWED_ROOTS", raising=False)
+    return tmp_path
+
+
+def test_paths_under_the_cwd_or_workdir_resolve(layout):
+    roots = allowed_roots(layout / "runs")
+    assert resolve_allowed("data/ok.json", "annotation.exports[0]", roots) == layout / "project" / "data" / "ok.json"
+    assert resolve_allowed("data/../data/ok.json", "k", roots).name == "ok.json"
+
+
+def test_dotdot_and_symlink_escapes_are_refused(layout):
+    roots = allowed_roots()
+    with pytest.raises(PathNotAllowedError, match=r"annotation.exports\[0\]: ../secret/key.json resolves to .*secret"):
+        resolve_allowed("../secret/key.json", "annotation.exports[0]", roots)
+    os.symlink(layout / "secret" / "key.json", layout / "project" / "data" / "link.json")
+    with pytest.raises(PathNotAllowedError, match="outside the allowed roots"):
+        resolve_allowed("data/link.json", "k", roots)
+
+
+def test_env_roots_allow_and_missing_files_are_named(layout, monkeypatch):
+    monkeypatch.setenv("RLHF_ALLOWED_ROOTS", os.pathsep.join([str(layout / "secret"), ""]))
+    assert resolve_allowed(layout / "secret" / "key.json", "k", allowed_roots()).name == "key.json"
+    with pytest.raises(PathNotAllowedError, match="k: data/nope.json does not exist"):
+        resolve_allowed("data/nope.json", "k", allowed_roots())
+
+
+def test_every_path_field_of_a_round_config_is_checked(layout):
+    cfg = parse_config({
+        "workdir": str(layout / "project" / "runs"),
+        "annotation": {"exports": ["data/ok.json"]},
+        "generation": {"generators": [{"name": "other", "model": "../secret", "strategies": [{"name": "g"}]}]},
+    })
+    with pytest.raises(PathNotAllowedError, match=r"generation.generators\[0\].model"):
+        check_config_paths(cfg)
+    cfg = parse_config({"policy_model": {"pretrained": "/etc"}})
+    with pytest.raises(PathNotAllowedError, match="policy_model.pretrained"):
+        check_config_paths(cfg)
+    assert check_config_paths(parse_config({"annotation": {"exports": ["data/ok.json"]}})) == {
+        "annotation.exports[0]": layout / "project" / "data" / "ok.json"}
