@@ -50,7 +50,10 @@ READING = (
     "Arrow table), not by the file. What still grows with the file is the duplicate check: 8 bytes per "
     "accepted row (16 for a moment while a merge copies the sorted array), plus a set of at most 65,536 "
     "recent digests; see the docstring of `rlhf_core/annotation/text_pairs.py`. The in-memory import "
-    "holds every row."
+    "holds every row. The stage holds what it must hand on: the accepted pairs as one table (about 1.8 kB "
+    "per 1.1 kB row here: the text as Python strings once pandas reads it), about two thirds of the in-memory "
+    "import's peak; a file larger than memory needs the streamed import without the read-back, i.e. reward "
+    "training that reads Parquet in batches (not built yet)."
 )
 MALFORMED_SHARE = 0.005
 DUPLICATE_SHARE = 0.005
@@ -108,6 +111,16 @@ def child(mode: str, path: str, out_dir: str, fmt: str, batch_rows: int) -> None
         summary = import_text_pairs_to(path, out_dir, fmt, batch_rows=batch_rows)
         counts = {"rows": summary.rows, "accepted": summary.accepted, "reasons": summary.reasons}
         counts["comparisons_mb"] = summary.comparisons_path.stat().st_size / 1e6
+    elif mode == "stage":  # what the annotation stage runs: streamed to Parquet, read back as one table
+        import pandas as pd
+
+        from rlhf_core.annotation.importer import import_files
+        from rlhf_core.config import AnnotationConfig
+
+        responses = pd.DataFrame(columns=["prompt_id", "response_id", "prompt", "response"])
+        result = import_files([path], responses, AnnotationConfig(format=fmt))
+        counts = {"rows": int(result.report["input_rows"]), "accepted": int(result.report["accepted"])}
+        counts["reasons"] = result.quarantine["reason"].value_counts().to_dict()
     else:
         comparisons, quarantine = import_text_pairs(path, fmt)
         counts = {"rows": len(comparisons) + len(quarantine), "accepted": len(comparisons)}
@@ -128,7 +141,8 @@ def measure(mode: str, path: Path, out_dir: Path, fmt: str, batch_rows: int) -> 
             raise RuntimeError(f"{mode} import of {path} failed with exit code {process.returncode}")
         stdout.seek(0)
         result = json.loads(stdout.read().decode().strip().splitlines()[-1])
-    label = f"streamed, batch_rows {batch_rows:,}" if mode == "streaming" else "in memory (import_text_pairs)"
+    label = {"streaming": f"streamed, batch_rows {batch_rows:,}", "stage": "the stage (importer.import_files)",
+             "in_memory": "in memory (import_text_pairs)"}[mode]
     return {**result, "import": label, "peak_kb": usage.ru_maxrss, "load": load}
 
 
@@ -150,7 +164,9 @@ def report(args: argparse.Namespace, command: str, results: list[dict], files: d
         + "ru_maxrss after importing Python, pandas and pyarrow, before reading; added = peak - baseline; "
         + "growth = the change in peak RSS from the previous size of the same import, per extra row.",
         "Streamed = `import_text_pairs_to` (Parquet, batch_rows rows at a time); in memory = `import_text_pairs` "
-        + "(DataFrames; the only import before this benchmark).",
+        + "(DataFrames; the only import before this benchmark); the stage = `importer.import_files`, what the "
+        + "annotation stage runs (streamed to Parquet, then read back as the one comparisons table the "
+        + "reward-model stages train on, so it holds the accepted pairs' text once, as Arrow/pandas columns).",
         "",
         "| rows | file MB | import | seconds | rows/s | peak RSS MB | baseline MB | added MB | growth B/extra row "
         + "| accepted | quarantined | load avg |",
@@ -192,6 +208,8 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--sizes", default="100000,300000,1000000", help="rows per file, comma-separated")
     parser.add_argument("--in-memory-sizes", default="100000,300000", help="sizes also run in memory ('' for none)")
+    parser.add_argument("--stage-sizes", default="100000,1000000", help="sizes also run through the stage's "
+                        "import_files ('' for none)")
     parser.add_argument("--batch-rows", default="20000", help="batch_rows of the streamed import, comma-separated")
     parser.add_argument("--style", choices=["hh", "trl"], default="hh")
     parser.add_argument("--seed", type=int, default=0)
@@ -199,6 +217,7 @@ def main() -> None:
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
     in_memory = {int(s) for s in args.in_memory_sizes.split(",") if s}
+    stage = {int(s) for s in args.stage_sizes.split(",") if s}
     batch_rows = [int(b) for b in args.batch_rows.split(",")]
     command = "OMP_NUM_THREADS=1 .venv/bin/python benchmarks/annotation_import.py " + " ".join(sys.argv[1:])
 
@@ -210,7 +229,8 @@ def main() -> None:
             files[size] = write_synthetic_jsonl(path, size, args.style, args.seed)
             files[size]["mb"] = path.stat().st_size / 1e6
             print(f"{size:,} rows: wrote {files[size]} in {time.perf_counter() - start:.0f} s", flush=True)
-            runs = [("streaming", b) for b in batch_rows] + ([("in_memory", 0)] if size in in_memory else [])
+            runs = [("streaming", b) for b in batch_rows] + ([("in_memory", 0)] if size in in_memory else []) + (
+                [("stage", 0)] if size in stage else [])
             for mode, batch in runs:
                 result = {**measure(mode, path, Path(tmp) / f"out-{size}", args.style, batch), "size": size}
                 print(f"  {result['import']}: {result['seconds']:.1f} s, peak {_mb(result['peak_kb'])} MB", flush=True)

@@ -290,3 +290,47 @@ def test_vllm_backend_is_optional_and_auto_falls_back_to_hf():
     with pytest.raises(GenerationInputError, match="generation.backend is 'vllm' but vLLM cannot run here: "
                                                    "no CUDA GPU is visible; install vllm on a CUDA machine"):
         vllm_backend.resolve_backend("vllm", num_processes=1)
+
+
+def test_vllm_rows_match_the_hf_rows_shape_with_a_stand_in_engine(monkeypatch):
+    """No GPU here, so vLLM itself never runs in this suite: a stand-in engine with vLLM's API
+    (LLM.generate -> outputs[i].outputs[k].text / .token_ids, SamplingParams) checks our glue:
+    requests are our token ids, n samples per strategy, greedy once then repeated, ids and dedupe
+    as in the transformers backend."""
+    import sys
+    import types
+
+    from rlhf_core.generation import vllm_backend
+    from rlhf_core.generation.plan import response_id, strategy_json
+
+    class SamplingParams:
+        def __init__(self, **kw):
+            self.__dict__.update(kw)
+
+    monkeypatch.setitem(sys.modules, "vllm", types.SimpleNamespace(SamplingParams=SamplingParams))
+    tok = models.build_tokenizer()
+    seen = []
+
+    class Engine:
+        def get_tokenizer(self):
+            return tok
+
+        def generate(self, requests, params, use_tqdm):
+            seen.append((requests, params))
+            sample = types.SimpleNamespace
+            return [types.SimpleNamespace(outputs=[sample(text=f"a{k % 2}", token_ids=[5, 6]) for k in range(p.n)])
+                    for p in params]
+
+    prompts = PROMPTS.head(3)
+    rows, report = vllm_backend.generate_with_vllm("unused", prompts, PLAN, "m:1", seed=0, llm=Engine())
+    hot, greedy = seen
+    assert hot[0][0]["prompt_token_ids"] == tok(models.format_query(tok, prompts["prompt"][0]),
+                                                 add_special_tokens=False)["input_ids"]
+    assert [p.n for p in hot[1]] == [2, 2, 2] and [p.n for p in greedy[1]] == [1, 1, 1]
+    assert {p.max_tokens for p in hot[1]} == {5} and hot[1][0].top_k == -1  # 0 = no top-k in our config
+    assert report["n_generated"] == 3 * (2 + 1) and report["tokens"] == 3 * (2 + 1) * 2
+    # "a0" from hot k=0 and from greedy k=0 collide per prompt: one is kept, the smallest response_id
+    assert len(rows) == 3 * 2 and set(rows["response"]) == {"a0", "a1"}
+    row = rows[(rows["prompt_id"] == "p00") & (rows["response"] == "a1")].iloc[0]
+    assert row["response_id"] == response_id("p00", "m:1", "hot", 1)
+    assert row["strategy"] == strategy_json(PLAN[0]) and row["generator"] == "m:1"

@@ -21,6 +21,7 @@ scores by annotators' mean score or by the majority of their own orders, with `m
 from __future__ import annotations
 
 import json
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -137,6 +138,14 @@ def _finish(comparisons: pd.DataFrame, source: str) -> pd.DataFrame:
     return out[canonical + list(EXTRA_COLUMNS)].astype(EXTRA_COLUMNS)
 
 
+def _read_text_pairs(path: str | Path, fmt: str, max_field_chars: int) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(comparisons, quarantine) of a text-pair file, streamed through Parquet: the rows never sit in
+    memory as Python objects (about 3 kB a row), only as the final columnar table."""
+    with tempfile.TemporaryDirectory(prefix="rlhf-text-pairs-") as tmp:
+        summary = text_pairs.import_text_pairs_to(path, tmp, fmt=fmt, max_field_chars=max_field_chars)
+        return pd.read_parquet(summary.comparisons_path), pd.read_parquet(summary.quarantine_path)
+
+
 def import_files(paths: list[str | Path], responses: pd.DataFrame, cfg: AnnotationConfig,
                  names: list[str] | None = None) -> ImportResult:
     """Import every file (see the module docstring). `responses` is the round's responses table:
@@ -156,7 +165,7 @@ def import_files(paths: list[str | Path], responses: pd.DataFrame, cfg: Annotati
         elif fmt == "score_table":
             new_ann, (new_scores, bad) = _empty("annotations"), import_score_table(path, responses)
         else:
-            found, bad = text_pairs.import_text_pairs(path, fmt=fmt, max_field_chars=cfg.max_field_chars)
+            found, bad = _read_text_pairs(path, fmt, cfg.max_field_chars)
             n_in = len(found) + len(bad)
             repeated = found["pair_id"].isin(text_pair_ids).to_numpy()
             dup = [(name, -1, "duplicate", f"pair {pid} already imported from an earlier file",
