@@ -168,6 +168,12 @@ class SamplingStrategy(StrictModel):
     n: int = Field(2, ge=1, description="responses per prompt with this strategy")
 
 
+def _repeated(names) -> list[str]:
+    """The names that occur more than once, sorted."""
+    names = list(names)
+    return sorted({n for n in names if names.count(n) > 1})
+
+
 class GeneratorSpec(StrictModel):
     """One model of the generation plan and the strategies it samples with."""
 
@@ -188,8 +194,7 @@ class GeneratorSpec(StrictModel):
         # whenever one strategy is invalid, a misleading second error
         if not self.strategies:
             raise ValueError(f"generator {self.name!r} has no strategies; give at least one")
-        names = [s.name for s in self.strategies]
-        repeated = sorted({n for n in names if names.count(n) > 1})
+        repeated = _repeated(s.name for s in self.strategies)
         if repeated:
             raise ValueError(f"generator {self.name!r}: strategy names must be unique, repeated: {repeated}")
         return self
@@ -220,8 +225,7 @@ class GenerationConfig(StrictModel):
     def _unique_generator_names(self) -> GenerationConfig:
         if not self.generators:
             raise ValueError("generation.generators is empty; give at least one generator")
-        names = [g.name for g in self.generators]
-        repeated = sorted({n for n in names if names.count(n) > 1})
+        repeated = _repeated(g.name for g in self.generators)
         if repeated:
             raise ValueError(f"generation.generators: names must be unique, repeated: {repeated}")
         return self

@@ -272,6 +272,15 @@ def _rows(j: _Judgement, data: dict, raw: str, source_index: int) -> list[dict]:
             for rid, score in scored]
 
 
+def check_not_repeated(first: dict, key: str, judgement, earlier: str) -> None:
+    """Raise `duplicate` (the same judgement) or `contradictory` (another one) if `key` was already
+    accepted; `first` maps accepted keys to their judgements, and the first judgement stays."""
+    if key in first:
+        same = first[key] == judgement
+        raise Rejected("duplicate" if same else "contradictory",
+                       earlier + (" the same way" if same else " another way; the first is kept"))
+
+
 def import_label_studio_export(export: list[dict], responses: pd.DataFrame,
                                max_rating: int | None = None) -> LabelStudioImport:
     """Import a Label Studio export of any mix of the three templates (see the module docstring).
@@ -300,11 +309,8 @@ def import_label_studio_export(export: list[dict], responses: pd.DataFrame,
             try:
                 judgement = _judgement(task, annotation, known, max_rating)
                 key = judgement.annotation_id
-                if key in first:
-                    same = first[key] == judgement
-                    raise Rejected("duplicate" if same else "contradictory",
-                                   f"annotator {judgement.annotator} already judged task {judgement.task_id}"
-                                   + (" the same way" if same else " another way; the first judgement is kept"))
+                check_not_repeated(first, key, judgement,
+                                   f"annotator {judgement.annotator} already judged task {judgement.task_id}")
             except Rejected as rejected:
                 quarantined.append((t_index, rejected.reason, rejected.detail, raw))
                 continue

@@ -58,6 +58,7 @@ from rlhf_core.annotation.label_studio import (
     SCORE_COLUMNS,
     ImportFormatError,
     Rejected,
+    check_not_repeated,
     check_ranking,
     check_response,
     check_unicode,
@@ -249,11 +250,8 @@ def import_score_table(
             if isinstance(record, Rejected):
                 raise record
             judgement = _judgement(record, known)
-            if judgement.annotation_id in first:
-                same = first[judgement.annotation_id] == judgement
-                raise Rejected("duplicate" if same else "contradictory",
-                               f"{judgement.annotation_id} already given by an earlier row"
-                               + ("" if same else " with another score; the first is kept"))
+            check_not_repeated(first, judgement.annotation_id, judgement,
+                               f"{judgement.annotation_id} was already given by an earlier row")
         except Rejected as rejected:
             quarantined.append((source_index, rejected.reason, rejected.detail, raw))
             continue
