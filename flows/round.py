@@ -31,11 +31,16 @@ from tasks.world import build_world, train_sft_policy
 
 # The numbers a person wants first: (stage, metric) read from the stages' manifests after the round.
 HEADLINE = {
-    "annotator agreement with gold": ("import_annotations", "annotation/gold_agreement"),
+    "annotator agreement with gold": ("import_annotations", "annotation/gold_agreement_excl_gold_ties"),
+    "voters' gold accuracy": ("vote", "voting/voter_gold_accuracy_excl_gold_ties"),
     "pairs flipped by voting": ("denoise", "denoise/n_flipped"),
     "pairs in total": ("import_annotations", "annotation/n_pairs"),
-    "gold agreement after denoising": ("denoise", "denoise/gold_agreement_after"),
+    "flip precision": ("denoise", "denoise/flip_precision_excl_gold_ties"),
+    "gold agreement before denoising": ("denoise", "denoise/gold_agreement_before_excl_gold_ties"),
+    "gold agreement after denoising": ("denoise", "denoise/gold_agreement_after_excl_gold_ties"),
+    "RM accuracy vs gold (held-out), raw labels": ("reward", "reward/baseline/gold_accuracy_heldout"),
     "RM accuracy vs gold (held-out)": ("reward", "reward/gold_accuracy_heldout"),
+    "RM accuracy, correctness-only pairs": ("reward", "reward/gold_accuracy_heldout/correctness_only"),
     "RM score, SFT": ("evaluate", "eval/sft/reward"),
     "RM score, new policy": ("evaluate", "eval/policy/reward"),
     "gold score, SFT": ("evaluate", "eval/sft/gold"),
@@ -113,8 +118,9 @@ def rlhf_round(config: RoundConfig = RoundConfig(), stop_after: StageName | None
             return finish_round(ctx, out)
         if done("denoise", denoise_pairs(ctx, config.denoise, out["import_annotations"], out["vote"], simulated)):
             return finish_round(ctx, out)
-        if done("reward", train_reward(ctx, config.reward, out["denoise"], out["sft"], out["world"], seed,
-                                       simulated)):
+        if done("reward", train_reward(ctx, config.reward, out["denoise"], out["import_annotations"], out["sft"],
+                                       out["world"], seed, simulated, config.world.max_operand,
+                                       tuple(config.world.operations))):
             return finish_round(ctx, out)
         if done("ppo", train_policy(ctx, config.ppo, policy, out["reward"], out["world"], out["sft"],
                                     config.reward.train, seed)):

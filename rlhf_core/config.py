@@ -46,6 +46,11 @@ class WorldConfig(StrictModel):
     annotator_error_max: float = Field(
         0.2, ge=0, le=0.5, description="each annotator flips labels with a rate drawn in [0, max]"
     )
+    result_tags: bool = Field(
+        False, description="tag prompts with what their result is (zero-result, negative-result, carry, ...); "
+        "off: InsTag's diverse sampling balances tags, so such tags would skew the sampled answers (zero-result "
+        "prompts 12 % of the pool, 24 % of the sample)",
+    )
 
 
 class PolicyModelConfig(StrictModel):
@@ -263,13 +268,32 @@ class AnnotationConfig(StrictModel):
 
 
 class RewardTrainConfig(StrictModel):
-    """Bradley-Terry reward-model training (a backbone with a scalar head read at the end token)."""
+    """Reward-model training: a backbone with a scalar head read at the end token (and, by default, the
+    response's log-likelihood under the backbone's own LM head; see rlhf_core/reward/model.py)."""
 
+    read: Literal["end_token", "end_token+logprob"] = Field(
+        "end_token+logprob",
+        description="end_token: r = w . h_eos (a plain *ForSequenceClassification); end_token+logprob: plus a "
+        "learned weight times the sum of the response's token log-probs under the backbone's tied LM head, "
+        "which lets a small backbone reuse what it predicts at the answer slot (docs/reward-modelling.md)",
+    )
     epochs: int = Field(2, ge=1)
     batch_size: int = Field(16, ge=1)
-    lr: float = Field(1e-3, gt=0)
+    lr: float = Field(1e-4, gt=0, description="learning rate of the backbone (small: it keeps what it knows)")
+    head_lr: float | None = Field(
+        3e-3, gt=0, description="learning rate of the fresh head and the log-likelihood weight; None = lr"
+    )
     weight_decay: float = Field(0.0, ge=0)
+    max_grad_norm: float = Field(1.0, gt=0, description="global gradient clipping")
     max_length: int = Field(96, ge=8, description="prompt + response tokens; longer is truncated from the left")
+    label_smoothing: float = Field(
+        0.0, ge=0, lt=0.5, description="Secrets of RLHF II label smoothing: every target p becomes "
+        "p (1 - eps) + (1 - p) eps (0 = off)",
+    )
+    lm_coef: float = Field(
+        0.0, ge=0, description="Secrets of RLHF I: weight beta of the LM (imitation) loss on the chosen response; "
+        "needs a tied LM head (0 = off)",
+    )
 
 
 class VotingConfig(StrictModel):
@@ -277,24 +301,53 @@ class VotingConfig(StrictModel):
 
     n_models: int = Field(10, ge=2, description="M, the ensemble size (Secrets of RLHF II: 10)")
     train: RewardTrainConfig = RewardTrainConfig(epochs=1)
+    mode: Literal["faithful", "fast"] = Field(
+        "faithful", description="faithful: M full reward models (the paper); fast: M heads over one shared trunk, one "
+        "forward pass per batch, each head with its own bootstrap weights (about the cost of one reward model)",
+    )
+    scheme: Literal["in_sample", "out_of_fold"] = Field(
+        "in_sample",
+        description="in_sample: every voter trains on every pair and scores it (Secrets of RLHF II); "
+        "out_of_fold: voter k leaves fold k mod folds out, and a pair is scored only by the voters that did not "
+        "train on it",
+    )
+    folds: int = Field(2, ge=2, description="out_of_fold: number of folds (each pair gets n_models / folds votes)")
     ambiguous_band: float = Field(
-        0.1, ge=0, description="pairs with 0 <= mean strength < band are bucketed 'ambiguous'"
+        0.25, ge=0, description="ambiguous bucket, in units of the scale of the strengths (the std of the pairs' "
+        "mean strength): 0 <= z < band (one_sided) or |z| < band (symmetric)",
+    )
+    band: Literal["one_sided", "symmetric"] = Field(
+        "one_sided", description="one_sided: incorrect = mean < 0 (the paper); symmetric: incorrect = z <= -band, "
+        "so pairs just below 0 are ambiguous (smoothed) rather than flipped",
     )
 
 
 class DenoiseConfig(StrictModel):
-    """Secrets of RLHF II: flip incorrect pairs, smooth ambiguous ones, adaptive margin."""
+    """Secrets of RLHF II sec. 2.5: what the voted strength does to the reward model's training pairs.
 
-    flip: bool = Field(True, description="swap chosen/rejected where the mean strength < 0")
-    ambiguous_smoothing: float = Field(
-        0.1, ge=0, lt=0.5, description="soft label 1 - eps for 'ambiguous' pairs (0 = off)"
+    method: baseline (pairs as labelled), flip (swap chosen/rejected of 'incorrect' pairs), margin
+    (adaptive margin only), flip_margin (both), soft_label_margin ('incorrect' pairs get the soft label
+    sigmoid(z) instead of a flip, every pair a margin). z = mean strength / its scale (the std over
+    pairs), so margins and bands do not depend on the voters' units.
+    """
+
+    method: Literal["baseline", "flip", "margin", "flip_margin", "soft_label_margin"] = Field(
+        "flip_margin", description="baseline | flip | margin | flip_margin | soft_label_margin"
     )
-    adaptive_margin: bool = Field(True, description="margin = |mean strength| (else 0)")
-    margin_scale: float = Field(1.0, ge=0)
+    ambiguous_smoothing: float = Field(
+        0.1, ge=0, lt=0.5, description="label smoothing eps of 'ambiguous' pairs (0 = off; not for baseline)"
+    )
+    margin_scale: float = Field(
+        0.5, ge=0, description="margin = margin_scale * z (nats of the reward model trained on the pairs)"
+    )
 
 
 class RewardConfig(StrictModel):
     train: RewardTrainConfig = RewardTrainConfig()
+    compare_baseline: bool = Field(
+        True, description="simulated world only: also train the same recipe on the raw labels and report its gold "
+        "accuracy beside the denoised model's (what voting + denoising bought)",
+    )
 
 
 class PPOConfig(StrictModel):
@@ -357,9 +410,8 @@ class RoundConfig(StrictModel):
     voting: VotingConfig = VotingConfig()
     denoise: DenoiseConfig = DenoiseConfig()
     reward: RewardConfig = RewardConfig()
-    # The demo's reward model learns style (~90 % accurate) but barely verifies arithmetic
-    # (~57 %): a strong KL anchor and the ptx loss on the SFT demonstrations keep PPO from
-    # trading correct answers for reward-model noise (without them gold fell on some seeds).
+    # A strong KL anchor and the ptx loss on the SFT demonstrations: set when the reward model barely
+    # verified arithmetic (issue 9 revisits them with the reward models of docs/reward-modelling.md).
     ppo: PPOConfig = PPOConfig(iterations=60, kl_coef=1.0, policy_lr=1e-4, ptx_coef=1.0)
     evaluation: EvalConfig = EvalConfig()
 

@@ -24,7 +24,7 @@ from rlhf_core.sim.metrics import gold_agreement_of_pairs
 from tasks.common import RunContext, StageRun, run_stage
 
 COLLECT_VERSION = "2"
-IMPORT_VERSION = "2"
+IMPORT_VERSION = "3"
 SIMULATED_EXPORT = "00-simulated-label-studio.json"
 
 
@@ -84,7 +84,7 @@ def import_annotations(ctx: RunContext, cfg: AnnotationConfig, export: ArtifactR
         metrics.update({f"annotation/quarantine/{reason}": int(n) for reason, n in counts.items()})
         _quarantine_artifact(result.quarantine, result.report)
         if simulated:
-            metrics["annotation/gold_agreement"] = gold_agreement_of_pairs(result.comparisons)
+            metrics["annotation/gold_agreement_excl_gold_ties"] = gold_agreement_of_pairs(result.comparisons)
         return metrics
 
     return run_stage(ctx, stage="import_annotations", version=IMPORT_VERSION, kind="comparisons",

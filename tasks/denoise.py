@@ -11,10 +11,10 @@ from rlhf_core.artifacts import ArtifactRef
 from rlhf_core.config import DenoiseConfig
 from rlhf_core.reward.denoise import denoise
 from rlhf_core.schemas import read_table, write_table
-from rlhf_core.sim.metrics import gold_agreement_of_pairs
+from rlhf_core.sim.metrics import flip_report
 from tasks.common import RunContext, StageRun, run_stage
 
-VERSION = "1"
+VERSION = "2"
 
 
 @task(name="denoise", version=VERSION, cache_policy=NO_CACHE)
@@ -28,8 +28,7 @@ def denoise_pairs(ctx: RunContext, cfg: DenoiseConfig, comparisons: ArtifactRef,
         write_table("denoised", table, out / "denoised.parquet")
         metrics = {f"denoise/{k}": float(v) for k, v in report.items() if isinstance(v, (int, float))}
         if simulated:
-            metrics["denoise/gold_agreement_before"] = gold_agreement_of_pairs(pairs)
-            metrics["denoise/gold_agreement_after"] = gold_agreement_of_pairs(table)
+            metrics.update({f"denoise/{k}": float(v) for k, v in flip_report(pairs, table).items()})
         return metrics
 
     return run_stage(ctx, stage="denoise", version=VERSION, kind="denoised", config={"denoise": cfg.model_dump()},

@@ -32,9 +32,10 @@ def tag_histogram(pool_tags, sampled_tags, top: int = 30, labels: tuple[str, str
     return fig
 
 
-def strength_histogram(means, buckets):
-    """Histogram of preference strength (mean reward difference over the M models) by bucket."""
-    fig, ax = plt.subplots(figsize=(6, 3.5))
+def strength_histogram(means, buckets, stds=None):
+    """Secrets of RLHF II Fig. 1: histograms of the pairs' mean strength (by bucket) and of its std."""
+    fig, axes = plt.subplots(1, 1 if stds is None else 2, figsize=(6 if stds is None else 11, 3.5))
+    ax = axes if stds is None else axes[0]
     for name in ("incorrect", "ambiguous", "normal"):
         vals = [m for m, b in zip(means, buckets) if b == name]
         if vals:
@@ -43,6 +44,37 @@ def strength_histogram(means, buckets):
     ax.set_xlabel("preference strength (mean r(chosen) - r(rejected))")
     ax.set_ylabel("pairs")
     ax.legend()
+    if stds is not None:
+        axes[1].hist(list(stds), bins=30, color="tab:purple", alpha=0.8)
+        axes[1].set_xlabel("std of r(chosen) - r(rejected) over the voters")
+        axes[1].set_ylabel("pairs")
+    fig.tight_layout()
+    return fig
+
+
+def strength_std_by_group(means, stds, n_groups: int = 10):
+    """Secrets of RLHF II Fig. 2: mean std of the votes per equal-count group of mean strength."""
+    import numpy as np
+
+    order = np.argsort(np.asarray(means, dtype=float), kind="stable")
+    groups = np.array_split(np.asarray(stds, dtype=float)[order], n_groups)
+    fig, ax = plt.subplots(figsize=(5.5, 3.2))
+    ax.bar(range(1, n_groups + 1), [g.mean() if len(g) else float("nan") for g in groups], color="tab:purple")
+    ax.set_xlabel("strength group (weakest first)")
+    ax.set_ylabel("mean std of the votes")
+    ax.set_title("Vote spread by preference strength")
+    return fig
+
+
+def agreement_by_strength(shares: list[float], label: str = "gold"):
+    """Secrets of RLHF II Fig. 3: agreement of the labels with `label` per group of strength, weakest first."""
+    fig, ax = plt.subplots(figsize=(5.5, 3.2))
+    ax.bar(range(1, len(shares) + 1), shares, color="tab:green")
+    ax.axhline(0.5, color="k", lw=0.6, ls=":")
+    ax.set_ylim(0, 1)
+    ax.set_xlabel("strength decile (weakest first)")
+    ax.set_ylabel(f"label agrees with {label}")
+    ax.set_title(f"Agreement with {label} by preference strength")
     return fig
 
 

@@ -13,7 +13,7 @@ from rlhf_core import models
 from rlhf_core.artifacts import ArtifactRef
 from rlhf_core.config import PPOConfig, RewardTrainConfig
 from rlhf_core.ppo.trainer import train_ppo
-from rlhf_core.reward.model import score_texts
+from rlhf_core.reward.model import RewardModel, score_texts
 from rlhf_core.schemas import read_table
 from tasks.common import RunContext, StageRun, run_stage
 from tasks.plots import ppo_curves
@@ -23,7 +23,7 @@ VERSION = "1"
 
 def reward_scorer(reward_dir: str, max_length: int):
     """(prompts, responses) -> scores, from a saved reward model."""
-    model, tokenizer = models.load_reward_model(reward_dir), models.load_tokenizer(reward_dir)
+    model, tokenizer = RewardModel.load(reward_dir), models.load_tokenizer(reward_dir)
     return lambda prompts, responses: score_texts(model, tokenizer, prompts, responses, max_length=max_length)
 
 

@@ -7,36 +7,60 @@ from pathlib import Path
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from rlhf_core import models
 from rlhf_core.artifacts import ArtifactRef
 from rlhf_core.config import RewardConfig
-from rlhf_core.reward.train import pairwise_accuracy, train_reward_model
+from rlhf_core.reward.model import score_texts
+from rlhf_core.reward.train import pair_reward_diffs, train_reward_model
 from rlhf_core.schemas import read_table
-from rlhf_core.sim.metrics import gold_eval_pairs
+from rlhf_core.sim.metrics import accuracy_by_pair_type, answer_probe, gold_eval_pairs
 from tasks.common import RunContext, StageRun, run_stage
 
-VERSION = "1"
+VERSION = "2"
+HELD_OUT_SAMPLES_PER_PROMPT = 8  # 4 gold-labelled pairs per held-out prompt (~600 pairs in the demo)
 
 
 @task(name="reward", version=VERSION, cache_policy=NO_CACHE)
-def train_reward(ctx: RunContext, cfg: RewardConfig, denoised: ArtifactRef, policy: ArtifactRef,
-                 world: ArtifactRef, seed: int, simulated: bool) -> ArtifactRef:
-    """Bradley-Terry with soft labels and margins; accuracy against gold on held-out pairs."""
+def train_reward(ctx: RunContext, cfg: RewardConfig, denoised: ArtifactRef, comparisons: ArtifactRef,
+                 policy: ArtifactRef, world: ArtifactRef, seed: int, simulated: bool, max_operand: int = 4,
+                 operations: tuple[str, ...] = ("+", "-")) -> ArtifactRef:
+    """Bradley-Terry with soft labels and margins; on the simulated world, accuracy against gold on held-out
+    pairs (overall and per pair type), the answer probe, and the same for a baseline trained on the raw labels."""
 
     def produce(out: Path, run: StageRun) -> dict[str, float]:
         pairs = read_table("denoised", denoised.file("denoised.parquet"))
         model, tokenizer, report = train_reward_model(policy.path, pairs, cfg.train, seed=seed, progress=True)
-        models.save_hf(model, tokenizer, out)
+        model.save(out, tokenizer)
         metrics = {f"reward/{k}": float(v) for k, v in report.items() if isinstance(v, (int, float))}
         if simulated:
             held_out = read_table("prompts", world.file("eval_prompts.parquet"))
-            eval_pairs = gold_eval_pairs(policy.path, held_out["prompt"].tolist(), seed=seed)
-            metrics["reward/gold_accuracy_heldout"] = pairwise_accuracy(model, tokenizer, eval_pairs,
-                                                                        cfg.train.max_length)
-            metrics["reward/n_heldout_pairs"] = len(eval_pairs)
+            eval_pairs = gold_eval_pairs(policy.path, held_out["prompt"].tolist(), seed=seed,
+                                         samples_per_prompt=HELD_OUT_SAMPLES_PER_PROMPT)
+            metrics.update(_gold_metrics("reward", model, tokenizer, eval_pairs, cfg, max_operand, operations))
+            if cfg.compare_baseline:  # what voting + denoising bought: the same recipe on the raw labels
+                raw = read_table("comparisons", comparisons.file("comparisons.parquet"))
+                baseline, _, _ = train_reward_model(policy.path, raw, cfg.train, seed=seed, progress=True)
+                metrics.update(_gold_metrics("reward/baseline", baseline, tokenizer, eval_pairs, cfg, max_operand,
+                                             operations))
         return metrics
 
     return run_stage(ctx, stage="reward", version=VERSION, kind="reward_model",
-                     config={"reward": cfg.model_dump(), "seed": seed, "simulated": simulated},
-                     inputs={"denoised": denoised, "policy": policy, "world": world}, produce=produce,
-                     register_as="rlhf-reward-model")
+                     config={"reward": cfg.model_dump(), "seed": seed, "simulated": simulated,
+                             "world": {"max_operand": max_operand, "operations": list(operations)}},
+                     inputs={"denoised": denoised, "comparisons": comparisons, "policy": policy, "world": world},
+                     produce=produce, register_as="rlhf-reward-model")
+
+
+def _gold_metrics(prefix: str, model, tokenizer, eval_pairs, cfg: RewardConfig, max_operand: int,
+                  operations: tuple[str, ...]) -> dict[str, float]:
+    """Held-out gold accuracy overall and per pair type, and the answer probe (names in the metric)."""
+    diffs = pair_reward_diffs(model, tokenizer, eval_pairs, cfg.train.max_length)
+    by_type = accuracy_by_pair_type(diffs, eval_pairs)
+    metrics = {f"{prefix}/gold_accuracy_heldout": by_type.pop("all"), f"{prefix}/n_heldout_pairs": len(eval_pairs)}
+    metrics.update({f"{prefix}/gold_accuracy_heldout/{k}": float(v) for k, v in by_type.items()})
+
+    def score(prompts, responses):
+        return score_texts(model, tokenizer, prompts, responses, cfg.train.max_length).numpy()
+
+    probe = answer_probe(score, max_operand, tuple(operations))
+    metrics.update({f"{prefix}/probe/{k}": v for k, v in probe.items()})
+    return metrics

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 from prefect import task
 from prefect.cache_policies import NO_CACHE
@@ -12,11 +13,11 @@ from rlhf_core.artifacts import ArtifactRef
 from rlhf_core.config import VotingConfig
 from rlhf_core.reward.voting import vote
 from rlhf_core.schemas import read_table, write_table
-from rlhf_core.sim.metrics import gold_difference
+from rlhf_core.sim.metrics import agreement_by_strength_decile, gold_difference
 from tasks.common import RunContext, StageRun, run_stage
-from tasks.plots import agreement_by_bucket, strength_histogram
+from tasks.plots import agreement_by_bucket, agreement_by_strength, strength_histogram, strength_std_by_group
 
-VERSION = "1"
+VERSION = "2"
 
 
 @task(name="vote", version=VERSION, cache_policy=NO_CACHE)
@@ -28,10 +29,11 @@ def vote_strength(ctx: RunContext, cfg: VotingConfig, comparisons: ArtifactRef, 
         pairs = read_table("comparisons", comparisons.file("comparisons.parquet"))
         votes, report = vote(policy.path, pairs, cfg, seed=seed, progress=True)
         write_table("votes", votes, out / "votes.parquet")
-        run.log_figure(strength_histogram(votes["mean"], votes["bucket"]), "preference_strength.png")
+        run.log_figure(strength_histogram(votes["mean"], votes["bucket"], votes["std"]), "preference_strength.png")
+        run.log_figure(strength_std_by_group(votes["mean"], votes["std"]), "strength_std_by_group.png")
         metrics = {f"voting/{k}": float(v) for k, v in report.items() if isinstance(v, (int, float))}
         if simulated:
-            metrics.update(_gold_by_bucket(pairs, votes, run))
+            metrics.update(_gold_report(pairs, votes, run))
         return metrics
 
     return run_stage(ctx, stage="vote", version=VERSION, kind="votes",
@@ -39,11 +41,25 @@ def vote_strength(ctx: RunContext, cfg: VotingConfig, comparisons: ArtifactRef, 
                      inputs={"comparisons": comparisons, "policy": policy}, produce=produce)
 
 
-def _gold_by_bucket(pairs: pd.DataFrame, votes: pd.DataFrame, run: StageRun) -> dict[str, float]:
-    """Does preference strength predict label correctness? Gold agreement per bucket."""
+def _gold_report(pairs: pd.DataFrame, votes: pd.DataFrame, run: StageRun) -> dict[str, float]:
+    """Does preference strength predict label correctness? (gold-tied pairs left out everywhere)"""
     joined = pairs.merge(votes, on="pair_id")
-    correct = gold_difference(joined["prompt"], joined["chosen"], joined["rejected"]) > 0
-    shares = {b: float(correct[(joined["bucket"] == b).to_numpy()].mean())
-              for b in ("incorrect", "ambiguous", "normal") if (joined["bucket"] == b).any()}
+    gold = gold_difference(joined["prompt"], joined["chosen"], joined["rejected"])
+    decided = gold != 0
+    correct = gold > 0
+    metrics = {}
+    shares = {b: float(correct[decided & (joined["bucket"] == b).to_numpy()].mean())
+              for b in ("incorrect", "ambiguous", "normal") if (decided & (joined["bucket"] == b).to_numpy()).any()}
     run.log_figure(agreement_by_bucket(shares), "gold_agreement_by_bucket.png")
-    return {f"voting/gold_agreement/{b}": v for b, v in shares.items()}
+    metrics.update({f"voting/gold_agreement_excl_gold_ties/{b}": v for b, v in shares.items()})
+    deciles = agreement_by_strength_decile(joined["mean"].to_numpy(), joined)
+    run.log_figure(agreement_by_strength(deciles), "gold_agreement_by_strength_decile.png")
+    metrics.update({f"voting/gold_agreement_excl_gold_ties/decile_{i + 1:02d}": v for i, v in enumerate(deciles)})
+    # each voter's and the ensemble's agreement with gold on the direction of the pairs
+    diffs = np.array(joined["diffs"].tolist(), dtype=np.float64)  # (N, M), NaN where a voter did not vote
+    per_voter = [float(((diffs[m, k] > 0) == correct[m]).mean())
+                 for k in range(diffs.shape[1]) for m in [decided & ~np.isnan(diffs[:, k])] if m.any()]
+    metrics["voting/voter_gold_accuracy_excl_gold_ties"] = float(np.mean(per_voter))
+    metrics["voting/ensemble_gold_accuracy_excl_gold_ties"] = float(
+        ((joined["mean"].to_numpy() > 0) == correct)[decided].mean())
+    return metrics

@@ -19,7 +19,7 @@ from rlhf_core.sft import train_sft
 from rlhf_core.sim.world import make_demonstrations, make_prompt_pool
 from tasks.common import RunContext, StageRun, run_stage
 
-WORLD_VERSION = "1"
+WORLD_VERSION = "2"
 SFT_VERSION = "2"
 
 
@@ -28,7 +28,7 @@ def build_world(ctx: RunContext, cfg: WorldConfig, seed: int) -> ArtifactRef:
     """The simulated prompt pool (to sample from) and the held-out evaluation prompts."""
 
     def produce(out: Path, run: StageRun) -> dict[str, float]:
-        kwargs = {"max_operand": cfg.max_operand, "ops": cfg.operations}
+        kwargs = {"max_operand": cfg.max_operand, "ops": cfg.operations, "result_tags": cfg.result_tags}
         pool = make_prompt_pool(cfg.n_prompts, seed=seed, id_prefix="p", **kwargs)
         held_out = make_prompt_pool(cfg.n_eval_prompts, seed=seed + 10_000, id_prefix="e", **kwargs)
         write_table("prompts", pool, out / "prompts.parquet")

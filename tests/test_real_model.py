@@ -117,8 +117,9 @@ def test_converted_smollm2_answers_a_question_and_scores_it(smollm2_dir):
     rollout = sample_batch(policy, tokenizer, queries, max_new_tokens=16, temperature=0)  # left-padded batch
     assert rollout.texts[0].strip(), rollout.texts
     # The reward model of the round: the same backbone with a scalar head, read at the last non-pad token.
-    reward_model = models.reward_model_from_policy(smollm2_dir, seed=0)
-    from rlhf_core.reward.model import score_texts
+    from rlhf_core.reward.model import RewardModel, score_texts
+
+    reward_model = RewardModel.from_policy(smollm2_dir, seed=0, read="end_token+logprob")  # SmolLM2 ties its LM head
 
     scores = score_texts(reward_model, tokenizer, ["What is 2+3?"] * 2, [rollout.texts[0], " It is 7."])
     assert scores.shape == (2,) and torch.isfinite(scores).all()

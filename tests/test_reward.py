@@ -15,10 +15,10 @@ from transformers import AutoModelForSequenceClassification
 from rlhf_core import models
 from rlhf_core.config import DenoiseConfig, PolicyModelConfig, RewardTrainConfig, VotingConfig
 from rlhf_core.reward.denoise import denoise
-from rlhf_core.reward.losses import preference_loss
-from rlhf_core.reward.model import encode, score_texts
+from rlhf_core.reward.losses import imitation_loss, preference_loss, smooth_labels
+from rlhf_core.reward.model import RewardModel, encode, score_texts
 from rlhf_core.reward.train import pairwise_accuracy, train_reward_model
-from rlhf_core.reward.voting import bucket, sign_agreement, strength_stats, vote
+from rlhf_core.reward.voting import bucket, fold_of_pairs, sign_agreement, strength_scale, strength_stats, vote
 from rlhf_core.schemas import validate_table
 
 TINY = PolicyModelConfig(hidden_size=32, intermediate_size=64, num_attention_heads=4, num_key_value_heads=2)
@@ -122,20 +122,68 @@ def test_encode_appends_eos_pads_right_and_truncates_left():
     # the long one keeps its end: the last 11 bytes of the text, then eos
     assert mask[1].all() and ids[1, -1] == tok.eos_token_id
     assert tok.decode(ids[1, :-1].tolist()) == "ends in XYZ"
+    # the response mask covers the response and the eos, also when the query was cut away
+    rmask = batch["response_mask"]
+    assert rmask[0].tolist() == [0] * (len(short) - 4) + [1] * 4 + [0] * (12 - len(short))
+    assert rmask[1].all()
+
+
+def test_label_smoothing_and_imitation_loss_on_hand_numbers():
+    torch.testing.assert_close(smooth_labels(torch.tensor([1.0, 0.5, 0.0, 0.8]), 0.1),
+                               torch.tensor([0.9, 0.5, 0.1, 0.8 * 0.9 + 0.2 * 0.1]))
+    with pytest.raises(ValueError, match="eps"):
+        smooth_labels(torch.ones(1), 0.5)
+    # two responses of 2 and 3 tokens with summed log-probs -1.0 and -2.0: mean NLL per token 3/5
+    assert imitation_loss(torch.tensor([-1.0, -2.0]), torch.tensor([2, 3])).item() == pytest.approx(0.6)
+
+
+def test_logprob_read_adds_the_response_log_likelihood_under_the_tied_lm_head(init_dir):
+    """r = w . h_eos + a * sum log p(response tokens + eos), p from the causal LM with the same weights."""
+    tok = models.build_tokenizer()
+    rm = RewardModel.from_policy(init_dir, seed=3, read="end_token+logprob")
+    with torch.no_grad():
+        rm.logprob_weight.fill_(0.7)
+    end_only = RewardModel(rm.classifier, "end_token")
+    prompts, responses = ["say hi", "x"], [" hello", " a b c d"]
+    batch = encode(tok, prompts, responses, 64)
+    policy = models.load_policy(init_dir).eval()
+    expected = []
+    for p, r in zip(prompts, responses):
+        query = tok(models.format_query(tok, p), add_special_tokens=False)["input_ids"]
+        answer = tok(r, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+        ids = torch.tensor([query + answer])
+        with torch.no_grad():
+            logp = torch.log_softmax(policy(ids).logits[0, :-1], -1)  # (T-1, V)
+        expected.append(sum(logp[len(query) - 1 + j, t].item() for j, t in enumerate(answer)))
+    with torch.no_grad():
+        full, end = rm(**batch), end_only(**batch)
+    torch.testing.assert_close(full - end, 0.7 * torch.tensor(expected), atol=1e-4, rtol=1e-4)
+    with pytest.raises(ValueError, match="tie_word_embeddings"):
+        untied = AutoModelForSequenceClassification.from_pretrained(str(init_dir), num_labels=1)
+        untied.config.tie_word_embeddings = False
+        RewardModel(untied, "end_token+logprob")
 
 
 # ---------------------------------------------------------------- training
 
 
-def test_reward_model_learns_a_separable_task_and_reloads(init_dir, tmp_path):
+@pytest.mark.parametrize("read", ["end_token", "end_token+logprob"])
+def test_reward_model_learns_a_separable_task_and_reloads(init_dir, tmp_path, read):
     pairs = make_pairs(96, seed=1)
-    model, tok, metrics = train_reward_model(init_dir, pairs, FAST, seed=0)
+    cfg = FAST.model_copy(update={"read": read})
+    model, tok, metrics = train_reward_model(init_dir, pairs, cfg, seed=0)
     assert metrics["steps"] == 3 * 6
-    assert pairwise_accuracy(model, tok, pairs, FAST.max_length) >= 0.9
-    assert pairwise_accuracy(model, tok, make_pairs(64, seed=2), FAST.max_length) >= 0.9  # held out
+    if read == "end_token":  # a random backbone's log-likelihood is noise (and longer is less likely):
+        assert pairwise_accuracy(model, tok, pairs, FAST.max_length) >= 0.9  # the head alone learns the task
+        assert pairwise_accuracy(model, tok, make_pairs(64, seed=2), FAST.max_length) >= 0.9  # held out
+        assert metrics["logprob_weight"] == 1.0  # unused and not trained
+    else:
+        assert metrics["logprob_weight"] < 1.0  # learned: the weight of a useless term shrinks
 
-    models.save_hf(model, tok, tmp_path / "rm")
-    reloaded = AutoModelForSequenceClassification.from_pretrained(str(tmp_path / "rm"))
+    model.save(tmp_path / "rm", tok)
+    AutoModelForSequenceClassification.from_pretrained(str(tmp_path / "rm"))  # plain transformers loads it
+    reloaded = RewardModel.load(tmp_path / "rm")
+    assert reloaded.read == read and reloaded.logprob_weight.item() == pytest.approx(metrics["logprob_weight"])
     tok2 = models.load_tokenizer(tmp_path / "rm")
     prompts, responses = pairs["prompt"].tolist()[:8], pairs["chosen"].tolist()[:8]
     before = score_texts(model, tok, prompts, responses, FAST.max_length)
@@ -167,6 +215,19 @@ def test_strength_stats_and_buckets_on_hand_numbers():
     assert bucket(mean, band=0.1) == ["normal", "incorrect", "ambiguous", "normal"]
     assert bucket(np.array([0.0, 0.1, -1e-9]), band=0.1) == ["ambiguous", "normal", "incorrect"]
     assert bucket(np.array([0.05]), band=0.0) == ["normal"]
+    # the band is in units of the scale; symmetric: just below 0 is ambiguous, not incorrect
+    assert bucket(np.array([-0.3, -0.1, 0.1, 0.3]), band=0.1, scale=2.0) == ["incorrect", "incorrect", "ambiguous",
+                                                                              "normal"]
+    assert bucket(np.array([-0.3, -0.1, 0.1, 0.3]), band=0.1, scale=2.0, symmetric=True) == [
+        "incorrect", "ambiguous", "ambiguous", "normal"]
+    assert strength_scale(np.array([1.0, -1.0, 3.0, -3.0])) == pytest.approx(np.sqrt(5.0))
+    assert strength_scale(np.array([2.0, 2.0])) == 1.0  # no spread: unit scale
+    # NaN entries (out_of_fold: the voter trained on the pair) are left out
+    mean, std = strength_stats(np.array([[1.0, np.nan, 3.0], [np.nan, -2.0, np.nan]]))
+    np.testing.assert_allclose(mean, [2.0, -2.0])
+    np.testing.assert_allclose(std, [1.0, 0.0])
+    with pytest.raises(ValueError, match="no vote"):
+        strength_stats(np.array([[np.nan, np.nan]]))
 
 
 def test_sign_agreement_on_hand_numbers():
@@ -182,7 +243,8 @@ def test_vote_finds_the_swapped_labels(init_dir):
     c, r = pairs["chosen"].copy(), pairs["rejected"].copy()
     pairs.loc[swapped, "chosen"], pairs.loc[swapped, "rejected"] = r[swapped], c[swapped]
 
-    cfg = VotingConfig(n_models=3, train=RewardTrainConfig(epochs=2, batch_size=16, lr=3e-3, max_length=64))
+    cfg = VotingConfig(n_models=3, train=RewardTrainConfig(read="end_token", epochs=2, batch_size=16, lr=3e-3,
+                                                           max_length=64))
     votes, metrics = vote(init_dir, pairs, cfg, seed=0)
 
     validate_table("votes", votes)
@@ -199,49 +261,102 @@ def test_vote_finds_the_swapped_labels(init_dir):
     assert 0.5 <= metrics["sign_agreement"] <= 1.0
 
 
+def test_out_of_fold_votes_come_only_from_voters_that_did_not_train_on_the_pair(init_dir):
+    pairs = make_pairs(60, seed=4)
+    fold = fold_of_pairs(pairs["pair_id"], 2, seed=0)
+    assert sorted(np.bincount(fold).tolist()) == [30, 30]  # balanced
+    np.testing.assert_array_equal(fold, fold_of_pairs(pairs["pair_id"], 2, seed=0))  # seeded
+    cfg = VotingConfig(n_models=4, scheme="out_of_fold", folds=2,
+                       train=RewardTrainConfig(read="end_token", epochs=2, batch_size=16, lr=3e-3, max_length=64))
+    votes, metrics = vote(init_dir, pairs, cfg, seed=0)
+    diffs = np.array(votes["diffs"].tolist())  # (60, 4)
+    for k in range(4):  # voter k left fold k % 2 out and voted exactly on it
+        np.testing.assert_array_equal(~np.isnan(diffs[:, k]), fold == k % 2)
+    assert votes["n_votes"].tolist() == [2] * 60
+    np.testing.assert_allclose(votes["mean"], np.nanmean(diffs, axis=1))
+    assert (votes["mean"] > 0).mean() >= 0.8  # unseen pairs of a separable task are still right
+    with pytest.raises(ValueError, match="n_models"):
+        vote(init_dir, pairs, VotingConfig(n_models=2, scheme="out_of_fold", folds=3), seed=0)
+
+
+def test_fast_mode_votes_with_heads_over_one_trunk(init_dir):
+    pairs = make_pairs(80, seed=5)
+    swapped = np.zeros(len(pairs), dtype=bool)
+    swapped[::5] = True
+    c, r = pairs["chosen"].copy(), pairs["rejected"].copy()
+    pairs.loc[swapped, "chosen"], pairs.loc[swapped, "rejected"] = r[swapped], c[swapped]
+    cfg = VotingConfig(n_models=4, mode="fast",
+                       train=RewardTrainConfig(read="end_token", epochs=3, batch_size=16, lr=3e-3, max_length=64))
+    votes, metrics = vote(init_dir, pairs, cfg, seed=0)
+    again, _ = vote(init_dir, pairs, cfg, seed=0)
+    pd.testing.assert_frame_equal(votes, again)  # deterministic for a seed
+    diffs = np.array(votes["diffs"].tolist())
+    assert diffs.shape == (80, 4) and not np.isnan(diffs).any()
+    assert (diffs.std(axis=1) > 0).all()  # the heads differ
+    negative = votes["mean"].to_numpy() < 0
+    assert negative[swapped].mean() >= 0.75 and negative[~swapped].mean() <= 0.1
+    with pytest.raises(ValueError, match="in_sample"):
+        vote(init_dir, pairs, VotingConfig(n_models=2, mode="fast", scheme="out_of_fold"), seed=0)
+
+
 # ---------------------------------------------------------------- denoising
 
 
-def _votes_for(pairs: pd.DataFrame, means: list[float], band: float = 0.1) -> pd.DataFrame:
+def _votes_for(pairs: pd.DataFrame, means: list[float], band: float = 0.1, scale: float = 1.0) -> pd.DataFrame:
     return pd.DataFrame(
         {
             "pair_id": pairs["pair_id"],
             "mean": means,
             "std": [0.1] * len(means),
             "diffs": [[m, m] for m in means],
-            "bucket": bucket(np.array(means), band),
+            "z": np.array(means) / scale,
+            "bucket": bucket(np.array(means), band, scale),
         }
     )
 
 
 def test_denoise_flips_exactly_the_negative_pairs():
     pairs = make_pairs(5)
+    pairs["soft_label"] = [1.0, 1.0, 1.0, 1.0, 0.8]  # the annotators' own target for the last pair
     means = [-0.4, 0.05, 0.0, 1.5, -2.0]
-    out, metrics = denoise(pairs, _votes_for(pairs, means).iloc[::-1], DenoiseConfig())  # order-free join
+    out, metrics = denoise(pairs, _votes_for(pairs, means, scale=2.0).iloc[::-1], DenoiseConfig())  # order-free
 
     validate_table("denoised", out)
     assert out["pair_id"].tolist() == pairs["pair_id"].tolist()
-    assert out["flipped"].tolist() == [True, False, False, False, True]
+    assert out["flipped"].tolist() == [m < 0 for m in means]
     for i, f in enumerate(out["flipped"]):
         a, b = ("rejected", "chosen") if f else ("chosen", "rejected")
         assert out["chosen"][i] == pairs[a][i] and out["rejected"][i] == pairs[b][i]
         assert out["chosen_id"][i] == pairs[a + "_id"][i]
     assert out["bucket"].tolist() == ["incorrect", "ambiguous", "ambiguous", "normal", "incorrect"]
-    np.testing.assert_allclose(out["soft_label"], [1.0, 0.9, 0.9, 1.0, 1.0])
-    np.testing.assert_allclose(out["margin"], [0.4, 0.05, 0.0, 1.5, 2.0])  # |mean|
-    assert metrics == pytest.approx({"n_flipped": 2, "share_flipped": 0.4, "n_smoothed": 2, "mean_margin": 0.79})
+    # a flipped pair's target for the ORIGINAL order is 1 - p: swapped texts keep p (0.8 stays 0.8, not
+    # the old overwrite with 1.0); ambiguous ones are smoothed by eps = 0.1
+    np.testing.assert_allclose(out["soft_label"], [1.0, 0.9, 0.9, 1.0, 0.8])
+    np.testing.assert_allclose(out["margin"], [0.1, 0.0125, 0.0, 0.375, 0.5])  # 0.5 * |mean| / 2
+    assert metrics == pytest.approx({"n_flipped": 2, "share_flipped": 0.4, "n_smoothed": 2, "n_soft_labelled": 0,
+                                     "mean_margin": 0.1975, "margin_abs_mean": 0.1975})
 
 
-def test_denoise_switches():
-    pairs = make_pairs(3)
-    votes = _votes_for(pairs, [-0.4, 0.05, 1.0])
-    out, metrics = denoise(pairs, votes, DenoiseConfig(flip=False, adaptive_margin=False, ambiguous_smoothing=0.0))
-    assert not out["flipped"].any() and out["chosen"].tolist() == pairs["chosen"].tolist()
-    assert out["margin"].tolist() == [0.0, 0.0, 0.0] and out["soft_label"].tolist() == [1.0, 1.0, 1.0]
-    assert metrics["n_smoothed"] == 0
+def test_denoise_methods_follow_part_two():
+    pairs = make_pairs(4)
+    pairs["tie"] = [False, False, False, True]
+    pairs["soft_label"] = [1.0, 1.0, 1.0, 0.5]
+    votes = _votes_for(pairs, [-1.0, 0.05, 2.0, -3.0])
+    run = {m: denoise(pairs, votes, DenoiseConfig(method=m))[0] for m in
+           ("baseline", "flip", "margin", "flip_margin", "soft_label_margin")}
 
-    out, _ = denoise(pairs, votes, DenoiseConfig(flip=False, margin_scale=2.0))
-    np.testing.assert_allclose(out["margin"], [-0.8, 0.1, 2.0])  # unflipped: the signed strength
+    base = run["baseline"]
+    assert not base["flipped"].any() and base["chosen"].tolist() == pairs["chosen"].tolist()
+    assert base["soft_label"].tolist() == [1.0, 1.0, 1.0, 0.5] and base["margin"].tolist() == [0.0] * 4
+    assert run["flip"]["flipped"].tolist() == [True, False, False, False]  # never a tie
+    assert run["flip"]["margin"].tolist() == [0.0] * 4
+    np.testing.assert_allclose(run["margin"]["margin"], [-0.5, 0.025, 1.0, 0.0])  # signed, unflipped; tie: 0
+    np.testing.assert_allclose(run["flip_margin"]["margin"], [0.5, 0.025, 1.0, 0.0])
+    soft = run["soft_label_margin"]
+    assert not soft["flipped"].any()
+    np.testing.assert_allclose(soft["soft_label"], [1 / (1 + math.e), 0.9, 1.0, 0.5])  # sigmoid(z) for mean < 0
+    np.testing.assert_allclose(soft["margin"], [-0.5, 0.025, 1.0, 0.0])
+    assert all(r["soft_label"][3] == 0.5 and not r["flipped"][3] for r in run.values())
 
 
 def test_denoise_rejects_mismatched_pair_ids():

@@ -4,6 +4,7 @@ Reads back what MLflow recorded (parent run, one nested run per stage, inputs wi
 registered models) and checks that an identical second run is served from the cache.
 """
 
+import math
 from pathlib import Path
 
 import pytest
@@ -85,6 +86,13 @@ def test_headline_numbers_are_real(two_rounds):
     rates = h["judged win rate vs SFT"] + h["judged tie rate vs SFT"] + h["judged lose rate vs SFT"]
     assert rates == pytest.approx(1.0)
     assert h["KL(new policy || SFT)"] is not None and h["pairs in total"] > 0
+    # Part II's measurements reach the summary (values are noise at this size; tables in docs/reward-modelling.md)
+    for key in ("voters' gold accuracy", "gold agreement before denoising", "gold agreement after denoising",
+                "RM accuracy vs gold (held-out), raw labels"):
+        assert 0.0 <= h[key] <= 1.0, key
+    # NaN when nothing was flipped; absent when the 8 held-out prompts gave no correctness-only pair
+    for key in ("flip precision", "RM accuracy, correctness-only pairs"):
+        assert h[key] is None or math.isnan(h[key]) or 0.0 <= h[key] <= 1.0, key
 
 
 def test_second_identical_round_is_served_from_cache(two_rounds):
@@ -98,6 +106,10 @@ def test_second_identical_round_is_served_from_cache(two_rounds):
     # a cached stage still shows the metrics its artifact was made with
     reward = next(r for r in children if r.data.tags["rlhf.stage"] == "reward")
     assert "reward/gold_accuracy_heldout" in reward.data.metrics
+    assert {"reward/probe/r2_number", "reward/probe/top1_correct", "reward/baseline/gold_accuracy_heldout"} <= \
+        set(reward.data.metrics)
+    vote = next(r for r in children if r.data.tags["rlhf.stage"] == "vote")
+    assert "voting/gold_agreement_excl_gold_ties/decile_01" in vote.data.metrics
 
 
 def test_prefect_recorded_the_flow_and_its_tasks(two_rounds):

@@ -5,8 +5,25 @@ For pair i and model m the preference strength is
 
     d[i, m] = r_m(prompt_i, chosen_i) - r_m(prompt_i, rejected_i)
 
-and the pair's strength is mean_m d[i, m] with spread std_m d[i, m]. A pair whose mean is below 0
-is probably mislabelled ("incorrect"), one with 0 <= mean < band is "ambiguous", the rest "normal".
+and the pair's strength is mean_m d[i, m] with spread std_m d[i, m] (population std, Part II Eq. 4).
+
+Two schemes:
+- in_sample (the paper): every voter trains on every pair, then scores it;
+- out_of_fold: the pairs are split into F folds (seeded); voter k trains on every fold but
+  fold k mod F and the pair's mean and std are taken only over the voters that did not train on
+  it (the others' entries of `diffs` are NaN). A voter cannot then have memorised a pair's
+  (possibly wrong) label, at the price of training on (F-1)/F of the pairs.
+
+Two modes:
+- faithful (the paper): M full reward models, trained one after the other (one in memory at a time);
+- fast: one shared trunk with M heads (and M log-likelihood weights), one forward pass per batch;
+  head m sees every pair with a Poisson(1) bootstrap weight of its own (seeded), which stands in
+  for its own data order. Cost about one reward-model training; in_sample only (the shared trunk
+  trains on every pair).
+
+Buckets use z = mean / scale, with scale = the std of the pairs' means, so the band does not
+depend on the voters' units: "incorrect" if mean < 0 (one_sided, the paper) or z <= -band
+(symmetric); "ambiguous" if 0 <= z < band (one_sided) or |z| < band (symmetric); else "normal".
 """
 
 from __future__ import annotations
@@ -16,11 +33,17 @@ from itertools import combinations
 from pathlib import Path
 
 import numpy as np
-from tqdm.auto import tqdm
 import pandas as pd
+from tqdm.auto import tqdm
 
+import torch
+from torch import nn
+
+from rlhf_core import models
 from rlhf_core.config import VotingConfig
-from rlhf_core.reward.train import pair_reward_diffs, train_reward_model
+from rlhf_core.reward.losses import bradley_terry_terms
+from rlhf_core.reward.model import RewardModel
+from rlhf_core.reward.train import _optional_column, _pair_batch, pair_reward_diffs, train_reward_model
 from rlhf_core.schemas import validate_table
 
 BUCKETS = ("incorrect", "ambiguous", "normal")
@@ -29,32 +52,61 @@ BUCKETS = ("incorrect", "ambiguous", "normal")
 def strength_stats(diffs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Mean and (population, ddof=0) std over models of the per-model reward differences.
 
-    diffs: (N, M) with diffs[i, m] = r_m(chosen_i) - r_m(rejected_i).
-    Returns mean (N,), std (N,).
+    diffs: (N, M) with diffs[i, m] = r_m(chosen_i) - r_m(rejected_i); NaN entries (a voter that
+    trained on the pair, out_of_fold) are left out. Returns mean (N,), std (N,).
     """
     diffs = np.asarray(diffs, dtype=np.float64)
     if diffs.ndim != 2:
         raise ValueError(f"diffs must be (N, M), got shape {diffs.shape}")
-    return diffs.mean(axis=1), diffs.std(axis=1)
+    if np.isnan(diffs).all(axis=1).any():
+        raise ValueError("a pair has no vote at all (every entry of its row is NaN)")
+    return np.nanmean(diffs, axis=1), np.nanstd(diffs, axis=1)
 
 
-def bucket(mean: np.ndarray, band: float) -> list[str]:
-    """'incorrect' if mean < 0, 'ambiguous' if 0 <= mean < band, else 'normal'. mean: (N,)."""
-    return ["incorrect" if m < 0 else "ambiguous" if m < band else "normal" for m in np.asarray(mean)]
+def strength_scale(mean: np.ndarray) -> float:
+    """The unit of preference strength: the std of the pairs' mean strengths (1.0 if it is 0 or undefined)."""
+    mean = np.asarray(mean, dtype=np.float64)
+    scale = float(mean.std()) if len(mean) > 1 else 0.0
+    return scale if scale > 0 and np.isfinite(scale) else 1.0
+
+
+def bucket(mean: np.ndarray, band: float, scale: float = 1.0, symmetric: bool = False) -> list[str]:
+    """Bucket of each pair from its mean strength (N,); `band` is in units of `scale` (see module doc)."""
+    z = np.asarray(mean, dtype=np.float64) / scale
+    if symmetric:
+        return ["incorrect" if v <= -band else "ambiguous" if v < band else "normal" for v in z]
+    return ["incorrect" if v < 0 else "ambiguous" if v < band else "normal" for v in z]
 
 
 def sign_agreement(diffs: np.ndarray) -> float:
-    """Mean over model pairs (m, l), m < l, of the share of pairs on which sign(d_m) == sign(d_l). diffs: (N, M)."""
-    positive = np.asarray(diffs) > 0  # (N, M)
-    M = positive.shape[1]
+    """Mean over model pairs (m, l), m < l, of the share of pairs on which sign(d_m) == sign(d_l).
+
+    diffs: (N, M); only pairs both models voted on (no NaN) count for (m, l).
+    """
+    diffs = np.asarray(diffs, dtype=np.float64)
+    M = diffs.shape[1]
     if M < 2:
         return 1.0
-    return float(np.mean([(positive[:, m] == positive[:, l]).mean() for m, l in combinations(range(M), 2)]))
+    shares = []
+    for m, l in combinations(range(M), 2):
+        both = ~np.isnan(diffs[:, m]) & ~np.isnan(diffs[:, l])
+        if both.any():
+            shares.append(((diffs[both, m] > 0) == (diffs[both, l] > 0)).mean())
+    return float(np.mean(shares)) if shares else float("nan")
 
 
 def model_seed(seed: int, k: int) -> int:
     """Seed of the k-th voter: distinct across k and across round seeds."""
     return seed * 1000 + k
+
+
+def fold_of_pairs(pair_ids, folds: int, seed: int) -> np.ndarray:
+    """(N,) fold index in 0..folds-1 of each pair: a seeded permutation dealt round-robin (balanced folds)."""
+    n = len(pair_ids)
+    order = np.random.default_rng(seed).permutation(n)
+    out = np.empty(n, dtype=np.int64)
+    out[order] = np.arange(n) % folds
+    return out
 
 
 def vote(
@@ -64,45 +116,156 @@ def vote(
     seed: int,
     progress: bool = False,
 ) -> tuple[pd.DataFrame, dict[str, float]]:
-    """Train cfg.n_models reward models on `pairs` and measure every pair's preference strength.
+    """Train cfg.n_models reward models and measure every pair's preference strength.
 
-    pairs: the comparisons table (pair_id, prompt, chosen, rejected, ...). Each model is trained
-    with cfg.train and seed `model_seed(seed, k)`, scores every pair, and is then dropped, so only
-    one model is in memory at a time.
+    pairs: the comparisons table (pair_id, prompt, chosen, rejected, ...). Voter k is trained with
+    cfg.train and seed `model_seed(seed, k)` (out_of_fold: on the pairs outside fold k mod folds),
+    scores the pairs it did not train on (in_sample: every pair), and is then dropped, so only one model is
+    in memory at a time.
 
-    Returns the votes table (pair_id, mean, std, diffs: list of M floats, bucket) in the order of
-    `pairs`, and metrics: share_incorrect / share_ambiguous / share_normal, mean_std,
+    Returns the votes table (pair_id, mean, std, diffs: list of M floats, NaN where the voter
+    trained on the pair out_of_fold; z = mean / scale; n_votes; bucket) in the order of `pairs`,
+    and metrics: share_incorrect / share_ambiguous / share_normal, strength_scale, mean_std,
     sign_agreement, train_accuracy (mean over models), seconds, seconds_per_model.
     """
     if pairs["pair_id"].duplicated().any():
         raise ValueError("pair_id must be unique in the pairs to vote on")
     t0 = time.perf_counter()
-    diffs = np.zeros((len(pairs), cfg.n_models))  # (N, M)
+    if cfg.mode == "fast":
+        if cfg.scheme != "in_sample":
+            raise ValueError("voting.mode fast shares one trunk trained on every pair: use voting.scheme in_sample")
+        diffs, train_acc = shared_trunk_diffs(init_dir, pairs, cfg, seed, progress)
+    else:
+        diffs, train_acc = _faithful_diffs(init_dir, pairs, cfg, seed, progress)
+    return votes_table(pairs, diffs, cfg), _vote_metrics(diffs, cfg, train_acc, time.perf_counter() - t0)
+
+
+def _faithful_diffs(init_dir, pairs: pd.DataFrame, cfg: VotingConfig, seed: int, progress: bool
+                    ) -> tuple[np.ndarray, list[float]]:
+    """(N, M) diffs of M full reward models (NaN where out_of_fold left a voter's own pairs), train accuracies."""
+    out_of_fold = cfg.scheme == "out_of_fold"
+    if out_of_fold and cfg.n_models < cfg.folds:
+        raise ValueError(f"voting.scheme out_of_fold needs n_models ({cfg.n_models}) >= folds ({cfg.folds}): "
+                         "every fold must be left out by at least one voter")
+    fold = fold_of_pairs(pairs["pair_id"], cfg.folds, seed) if out_of_fold else np.full(len(pairs), -1)
+    diffs = np.full((len(pairs), cfg.n_models), np.nan)  # (N, M)
     train_acc = []
     for k in tqdm(range(cfg.n_models), desc="vote", unit="model", disable=not progress):
-        model, tokenizer, metrics = train_reward_model(init_dir, pairs, cfg.train, model_seed(seed, k))
-        diffs[:, k] = pair_reward_diffs(model, tokenizer, pairs, cfg.train.max_length)
+        held_out = fold == (k % cfg.folds) if out_of_fold else np.ones(len(pairs), dtype=bool)  # (N,)
+        train_pairs = pairs[~held_out] if out_of_fold else pairs
+        model, tokenizer, metrics = train_reward_model(init_dir, train_pairs, cfg.train, model_seed(seed, k))
+        diffs[held_out, k] = pair_reward_diffs(model, tokenizer, pairs[held_out], cfg.train.max_length)
         train_acc.append(metrics["accuracy"])
         del model
+    return diffs, train_acc
+
+
+def votes_table(pairs: pd.DataFrame, diffs: np.ndarray, cfg: VotingConfig) -> pd.DataFrame:
+    """The votes table of (N, M) per-model differences: mean, std, z, n_votes, bucket."""
     mean, std = strength_stats(diffs)
-    buckets = bucket(mean, cfg.ambiguous_band)
+    scale = strength_scale(mean)
+    buckets = bucket(mean, cfg.ambiguous_band, scale, symmetric=cfg.band == "symmetric")
     votes = pd.DataFrame(
         {
             "pair_id": pairs["pair_id"].astype(str).tolist(),
             "mean": mean,
             "std": std,
             "diffs": [row.tolist() for row in diffs],
+            "z": mean / scale,
+            "n_votes": (~np.isnan(diffs)).sum(axis=1),
             "bucket": buckets,
         }
     )
     validate_table("votes", votes)
-    seconds = time.perf_counter() - t0
+    return votes
+
+
+def _vote_metrics(diffs: np.ndarray, cfg: VotingConfig, train_acc: list[float], seconds: float) -> dict[str, float]:
+    mean, std = strength_stats(diffs)
+    scale = strength_scale(mean)
+    buckets = bucket(mean, cfg.ambiguous_band, scale, symmetric=cfg.band == "symmetric")
     metrics = {f"share_{b}": buckets.count(b) / max(len(buckets), 1) for b in BUCKETS}
     metrics.update(
+        strength_scale=scale,
         mean_std=float(std.mean()) if len(std) else 0.0,
         sign_agreement=sign_agreement(diffs),
         train_accuracy=float(np.mean(train_acc)),
         seconds=seconds,
         seconds_per_model=seconds / cfg.n_models,
     )
-    return votes, metrics
+    return metrics
+
+
+class SharedTrunkVoters(nn.Module):
+    """M heads and M log-likelihood weights over one reward-model trunk (voting's fast mode)."""
+
+    def __init__(self, base: RewardModel, n_heads: int):
+        super().__init__()
+        self.base = base
+        hidden = base.config.hidden_size
+        self.heads = nn.ModuleList(nn.Linear(hidden, 1, bias=False) for _ in range(n_heads))
+        for head in self.heads:
+            nn.init.normal_(head.weight, std=1.0 / (hidden + 1) ** 0.5)
+        self.logprob_weights = nn.Parameter(torch.ones(n_heads), requires_grad=base.read != "end_token")
+
+    def forward(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """(N, M) rewards of every head, from one pass of the trunk."""
+        hidden = self.base.hidden_states(batch["input_ids"], batch["attention_mask"])  # (N, T, H)
+        end = hidden[torch.arange(len(hidden)), batch["attention_mask"].sum(dim=1) - 1]  # (N, H)
+        rewards = torch.cat([head(end) for head in self.heads], dim=1)  # (N, M)
+        if self.base.read == "end_token+logprob":
+            rewards = rewards + self.logprob_weights[None, :] * self.base.response_logprob(hidden, batch)[:, None]
+        return rewards
+
+
+def shared_trunk_diffs(init_dir, pairs: pd.DataFrame, cfg: VotingConfig, seed: int, progress: bool = False
+                       ) -> tuple[np.ndarray, list[float]]:
+    """Fast mode: train SharedTrunkVoters on `pairs` (each head with its own Poisson(1) pair weights); returns
+    (N, M) diffs and each head's last-epoch training accuracy."""
+    tcfg = cfg.train
+    voters = SharedTrunkVoters(RewardModel.from_policy(init_dir, seed, tcfg.read), cfg.n_models)
+    tokenizer = models.load_tokenizer(init_dir)
+    rng = np.random.default_rng(seed)
+    weights = torch.tensor(rng.poisson(1.0, size=(len(pairs), cfg.n_models)), dtype=torch.float32)  # (N, M)
+    head_params = list(voters.heads.parameters()) + ([voters.logprob_weights] if voters.logprob_weights.requires_grad
+                                                     else [])
+    trunk_params = [p for p in voters.base.classifier.base_model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW([{"params": trunk_params, "lr": tcfg.lr},
+                                   {"params": head_params, "lr": tcfg.head_lr or tcfg.lr}],
+                                  weight_decay=tcfg.weight_decay)
+    total = tcfg.epochs * -(-len(pairs) // tcfg.batch_size)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0 - step / total)
+    voters.train()
+    bar = tqdm(total=total, desc="vote (shared trunk)", disable=not progress, leave=False)
+    for _ in range(tcfg.epochs):
+        correct = np.zeros(cfg.n_models)  # this epoch's pairs ranked right, per head
+        order = rng.permutation(len(pairs))
+        for start in range(0, len(pairs), tcfg.batch_size):
+            rows = order[start : start + tcfg.batch_size]
+            batch_pairs = pairs.iloc[rows]
+            B = len(rows)
+            rewards = voters(_pair_batch(tokenizer, batch_pairs, tcfg.max_length))  # (2B, M)
+            gap = rewards[:B] - rewards[B:]  # (B, M)
+            margin = _optional_column(batch_pairs, "margin")
+            soft = _optional_column(batch_pairs, "soft_label")
+            d = gap - (margin[:, None] if margin is not None else 0.0)
+            p = soft[:, None] if soft is not None else torch.ones_like(d)
+            per_pair = bradley_terry_terms(d, p.expand_as(d))  # (B, M) Bradley-Terry per head
+            w = weights[rows]  # (B, M)
+            loss = (w * per_pair).sum() / w.sum().clamp(min=1.0)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(voters.parameters(), tcfg.max_grad_norm)
+            optimizer.step()
+            scheduler.step()
+            correct += (gap.detach() > 0).float().sum(0).numpy()
+            bar.update(1)
+    bar.close()
+    voters.eval()
+    diffs = []
+    with torch.no_grad():
+        for start in range(0, len(pairs), 64):
+            batch_pairs = pairs.iloc[start : start + 64]
+            rewards = voters(_pair_batch(tokenizer, batch_pairs, tcfg.max_length))
+            diffs.append((rewards[: len(batch_pairs)] - rewards[len(batch_pairs):]).double().numpy())
+    return np.concatenate(diffs), (correct / len(pairs)).tolist()

@@ -145,29 +145,31 @@ def _draw_styles(rng: random.Random, truth: int) -> list[str]:
             return sorted(styles, key=STYLES.index)
 
 
-def make_prompt(rng: random.Random, max_operand: int = MAX_OPERAND, ops: tuple[str, ...] = tuple(OPS)
-                ) -> tuple[str, list[str]]:
-    """One random prompt and its tags: [operation, *result tags, *style tags] (1 to 5 tags)."""
+def make_prompt(rng: random.Random, max_operand: int = MAX_OPERAND, ops: tuple[str, ...] = tuple(OPS),
+                result_tags: bool = True) -> tuple[str, list[str]]:
+    """One random prompt and its tags: [operation, *result tags (if result_tags), *style tags] (1 to 5 tags)."""
     a, b, op = rng.randint(0, max_operand), rng.randint(0, max_operand), rng.choice(ops)
     styles = _draw_styles(rng, Problem(a, op, b, ()).truth)
     text = rng.choice(TEMPLATES).format(e=f"{a}{op}{b}")
     text = " ".join([text] + [STYLE_PHRASES[s] for s in styles])
-    return text, [OPS[op]] + _result_tags(a, op, b) + styles
+    return text, [OPS[op]] + (_result_tags(a, op, b) if result_tags else []) + styles
 
 
 def make_prompt_pool(n: int, seed: int, id_prefix: str = "p", max_operand: int = MAX_OPERAND,
-                     ops: tuple[str, ...] = tuple(OPS)) -> pd.DataFrame:
+                     ops: tuple[str, ...] = tuple(OPS), result_tags: bool = True) -> pd.DataFrame:
     """A `prompts` table of n prompts: prompt_id f"{id_prefix}{i:05d}", prompt, tags, source="sim".
 
     Deterministic for a seed; draw eval prompts with another seed and id_prefix="e".
     `max_operand` and `ops` set how hard the arithmetic is (gold reads both from the text).
+    `result_tags` adds tags that reveal the result (zero-result, ...); the demo leaves them out
+    because InsTag's tag balancing then over-samples those answers.
     """
     if not 0 <= max_operand <= 9 or not ops or set(ops) - set(OPS):
         raise ValueError(f"max_operand must be 0..9 and ops a non-empty subset of {tuple(OPS)}")
     rng = random.Random(seed)
     rows = []
     for i in range(n):
-        text, tags = make_prompt(rng, max_operand, tuple(ops))
+        text, tags = make_prompt(rng, max_operand, tuple(ops), result_tags)
         rows.append({"prompt_id": f"{id_prefix}{i:05d}", "prompt": text, "tags": tags, "source": "sim"})
     return pd.DataFrame(rows, columns=["prompt_id", "prompt", "tags", "source"])
 
