@@ -11,9 +11,14 @@ annotators) in a fresh workdir, then, on those same pairs:
    agreement with gold per strength decile, flip precision and recall, gold agreement after
    flipping, seconds, and the Spearman correlation of each scheme's mean strength with faithful's;
 3. the denoising methods of Part II sec. 2.5 on the in-sample votes: held-out gold accuracy of the
-   reward model trained on each.
+   reward model trained on each;
+4. MetaRM (Part II sec. 3.2) against the same recipe without the meta step, both trained on the
+   round's denoised pairs, the meta step fed with samples of the round's PPO policy: accuracy on
+   gold pairs of the SFT policy and of the PPO policy (the shifted distribution).
 
-Every table gives the mean over seeds and the min..max range. About 6 minutes per seed on 2 cores.
+The round runs to the end (PPO included) in a fresh workdir per seed. Each finished seed is kept as JSON in --work-dir, so a killed run resumes with
+the next seed. Every table gives the mean over seeds and the min..max range. About 13 minutes per
+seed on 2 cores.
 """
 
 from __future__ import annotations
@@ -34,6 +39,9 @@ RECIPES = {  # name -> RewardTrainConfig overrides (epochs 2, batch 16 throughou
     "end token, lr 1e-4 / head 3e-3": {"read": "end_token"},
     "end token + log-likelihood (default)": {},
     "end token + log-likelihood + LM loss 0.5": {"lm_coef": 0.5},
+    "end token + log-likelihood + SimCSE on differences 0.1": {"contrastive": {"coef": 0.1,
+                                                                                "positives": "differences"}},
+    "end token + log-likelihood + SimCSE on responses 0.1": {"contrastive": {"coef": 0.1, "positives": "responses"}},
     "end token + log-likelihood, gold labels (ceiling)": {"_gold": True},
 }
 SCHEMES = {
@@ -61,6 +69,31 @@ def gold_oriented(pairs):
     return out
 
 
+META_RUNS = {  # name -> reward.train.meta overrides
+    "vanilla": {},
+    "MetaRM, eta 0.1 (default)": {"enabled": True},
+    "MetaRM, eta 0.01": {"enabled": True, "inner_lr": 0.01},
+}
+META_SAMPLES_PER_PROMPT = 8  # drawn from the PPO policy per training prompt; the meta step takes k of them
+
+
+def policy_samples(policy_dir, prompts: list[str], n: int, seed: int):
+    """(prompt, response): n samples at temperature 1 of the policy for every prompt."""
+    import pandas as pd
+
+    from rlhf_core import models
+    from rlhf_core.generation.sampler import sample_batch
+
+    model, tokenizer = models.load_policy(policy_dir), models.load_tokenizer(policy_dir)
+    queries = [models.format_query(tokenizer, p) for p in prompts]
+    rows = []
+    for k in range(n):
+        texts = sample_batch(model, tokenizer, queries, max_new_tokens=24, temperature=1.0,
+                             generator_seed=seed * 104729 + k).texts
+        rows += [{"prompt": p, "response": t} for p, t in zip(prompts, texts)]
+    return pd.DataFrame(rows)
+
+
 def rm_report(model, tokenizer, eval_pairs, cfg) -> dict:
     from rlhf_core.reward.model import score_texts
     from rlhf_core.reward.train import pair_reward_diffs
@@ -75,15 +108,16 @@ def run_seed(seed: int, tmp: Path) -> dict:
     from scipy.stats import spearmanr
 
     from flows.round import rlhf_round
-    from rlhf_core.config import DenoiseConfig, RoundConfig, VotingConfig
+    from rlhf_core.config import DenoiseConfig, MetaRMConfig, RoundConfig, VotingConfig
     from rlhf_core.reward.denoise import denoise
     from rlhf_core.reward.train import train_reward_model
     from rlhf_core.reward.voting import vote
+    from rlhf_core.reward.train import pair_reward_diffs
     from rlhf_core.schemas import read_table
-    from rlhf_core.sim.metrics import agreement_by_strength_decile, flip_report, gold_eval_pairs
+    from rlhf_core.sim.metrics import accuracy_by_pair_type, agreement_by_strength_decile, flip_report, gold_eval_pairs
 
     cfg = RoundConfig(seed=seed, workdir=str(tmp / f"seed{seed}"))
-    summary = rlhf_round(config=cfg, stop_after="import_annotations")
+    summary = rlhf_round(config=cfg)
     art = summary["artifacts"]
     policy = art["sft"]["path"]
     pairs = read_table("comparisons", Path(art["import_annotations"]["path"]) / "comparisons.parquet")
@@ -95,7 +129,7 @@ def run_seed(seed: int, tmp: Path) -> dict:
     for name, overrides in RECIPES.items():
         overrides = dict(overrides)
         gold = overrides.pop("_gold", False)
-        train_cfg = cfg.reward.train.model_copy(update=overrides)
+        train_cfg = type(cfg.reward.train).model_validate(cfg.reward.train.model_dump() | overrides)
         t0 = time.time()
         model, tok, _ = train_reward_model(policy, gold_oriented(pairs) if gold else pairs, train_cfg, seed=seed)
         result["recipes"][name] = rm_report(model, tok, eval_pairs, train_cfg) | {"seconds": time.time() - t0}
@@ -105,7 +139,7 @@ def run_seed(seed: int, tmp: Path) -> dict:
     for name, overrides in SCHEMES.items():
         vcfg = VotingConfig(**overrides)
         t0 = time.time()
-        votes, report = vote(policy, pairs, vcfg, seed=seed)
+        votes, report = vote(policy, pairs, vcfg, seed=seed)  # the paper's scheme again too: its time is the unit
         seconds = time.time() - t0
         votes_by_scheme[name] = votes
         denoised, _ = denoise(pairs, votes, DenoiseConfig(method="flip"))
@@ -139,7 +173,73 @@ def run_seed(seed: int, tmp: Path) -> dict:
         model, tok, _ = train_reward_model(policy, denoised, cfg.reward.train, seed=seed)
         result["methods"][method] = rm_report(model, tok, eval_pairs, cfg.reward.train)
         print(seed, method, result["methods"][method], flush=True)
+
+    # MetaRM: the round's denoised pairs, the meta step on samples of the round's PPO policy
+    ppo_policy = art["ppo"]["path"]
+    train_prompts = sorted(pairs["prompt"].unique())
+    samples = policy_samples(ppo_policy, train_prompts, META_SAMPLES_PER_PROMPT, seed)
+    shifted_pairs = gold_eval_pairs(ppo_policy, eval_prompts, seed=seed, samples_per_prompt=8)
+    denoised = read_table("denoised", Path(art["denoise"]["path"]) / "denoised.parquet")
+    result["n_shifted_eval_pairs"] = len(shifted_pairs)
+    result["meta_distinct_per_prompt"] = float(samples.groupby("prompt")["response"].nunique().mean())
+    for name, meta in META_RUNS.items():
+        train_cfg = cfg.reward.train.model_copy(update={"meta": MetaRMConfig(**meta)})
+        t0 = time.time()
+        model, tok, report = train_reward_model(policy, denoised, train_cfg, seed=seed, meta_samples=samples)
+        seconds = time.time() - t0
+        result.setdefault("meta", {})[name] = {
+            "sft": accuracy_by_pair_type(pair_reward_diffs(model, tok, eval_pairs, train_cfg.max_length), eval_pairs),
+            "ppo": accuracy_by_pair_type(pair_reward_diffs(model, tok, shifted_pairs, train_cfg.max_length),
+                                         shifted_pairs),
+            "seconds": seconds,
+            "meta_difference": report.get("meta_difference", float("nan")),
+        }
+        print(seed, name, result["meta"][name], flush=True)
     return result
+
+
+SCARCE_FRACTIONS = (0.25, 0.5)
+SCARCE_METHODS = ("baseline", "flip", "flip_margin", "soft_label_margin")
+
+
+def run_scarce(seed: int, workdir: Path) -> dict:
+    """Section 5: does denoising pay when pairs are few? The methods on a random share of the pairs.
+
+    The round runs up to the imported comparisons (in `workdir`, so a re-run takes it from the cache);
+    for each fraction the pairs are subsampled, voted on (faithful, in-sample) and denoised, and a
+    reward model is trained per method and on the gold labels of the same pairs.
+    """
+    import numpy as np
+
+    from flows.round import rlhf_round
+    from rlhf_core.config import DenoiseConfig, RoundConfig, VotingConfig
+    from rlhf_core.reward.denoise import denoise
+    from rlhf_core.reward.train import pair_reward_diffs, train_reward_model
+    from rlhf_core.reward.voting import vote
+    from rlhf_core.schemas import read_table
+    from rlhf_core.sim.metrics import accuracy_by_pair_type, flip_report, gold_eval_pairs
+
+    cfg = RoundConfig(seed=seed, workdir=str(workdir))
+    art = rlhf_round(config=cfg, stop_after="import_annotations")["artifacts"]
+    policy = art["sft"]["path"]
+    pairs = read_table("comparisons", Path(art["import_annotations"]["path"]) / "comparisons.parquet")
+    eval_prompts = read_table("prompts", Path(art["world"]["path"]) / "eval_prompts.parquet")["prompt"].tolist()
+    eval_pairs = gold_eval_pairs(policy, eval_prompts, seed=seed, samples_per_prompt=8)
+    out = {}
+    for fraction in SCARCE_FRACTIONS:
+        rng = np.random.default_rng([seed, int(fraction * 1000)])
+        subset = pairs.iloc[np.sort(rng.choice(len(pairs), size=int(len(pairs) * fraction), replace=False))]
+        votes, _ = vote(policy, subset, VotingConfig(), seed=seed)
+        row = {"n_pairs": len(subset), **flip_report(subset, denoise(subset, votes, DenoiseConfig(method="flip"))[0])}
+        for method in (*SCARCE_METHODS, "gold labels (ceiling)"):
+            train_pairs = (gold_oriented(subset) if method.startswith("gold")
+                           else denoise(subset, votes, DenoiseConfig(method=method))[0])
+            model, tok, _ = train_reward_model(policy, train_pairs, cfg.reward.train, seed=seed)
+            diffs = pair_reward_diffs(model, tok, eval_pairs, cfg.reward.train.max_length)
+            row[method] = accuracy_by_pair_type(diffs, eval_pairs)["all"]
+        out[str(fraction)] = row
+        print(seed, "scarce", fraction, row, flush=True)
+    return out
 
 
 def _cell(values) -> str:
@@ -219,6 +319,31 @@ def write_report(results: list[dict], out: Path, figure_dir: Path, seconds: floa
         rows = [r["methods"][method] for r in results]
         cells = [_cell([x["all"] for x in rows])] + [_cell([x.get(t, float("nan")) for x in rows]) for t in TYPES]
         lines.append(f"| {method} | " + " | ".join(cells) + " |")
+    lines += ["", "## 4. MetaRM on the shifted distribution (Part II sec. 3.2)", "",
+              f"Both trained on the round's denoised pairs with the default recipe; MetaRM's meta step sees "
+              f"{META_SAMPLES_PER_PROMPT} samples of the round's PPO policy per training prompt "
+              f"({_cell([r['meta_distinct_per_prompt'] for r in results])} distinct). Held-out gold pairs: "
+              f"{[r['n_eval_pairs'] for r in results]} of the SFT policy, {[r['n_shifted_eval_pairs'] for r in results]} "
+              "of the PPO policy.", "",
+              "| reward model | SFT pairs, overall | SFT pairs, correctness only | PPO pairs, overall "
+              "| PPO pairs, correctness only | seconds |", "|---|---|---|---|---|---|"]
+    for name in META_RUNS:
+        rows = [r["meta"][name] for r in results]
+        cells = [_cell([x[d].get(k, float("nan")) for x in rows]) for d in ("sft", "ppo")
+                 for k in ("all", "correctness_only")]
+        lines.append(f"| {name} | " + " | ".join(cells) + f" | {_cell([x['seconds'] for x in rows])} |")
+    lines += ["", "## 5. When do the methods pay? A share of the pairs", "",
+              "The same round's pairs subsampled at random, voted on (faithful, in-sample) and denoised; held-out "
+              "gold accuracy of the reward model trained on each.", "",
+              "| pairs | flip precision | agreement before | after flipping | " + " | ".join(SCARCE_METHODS)
+              + " | gold labels (ceiling) |", "|---|" + "---|" * (len(SCARCE_METHODS) + 4)]
+    for fraction in SCARCE_FRACTIONS:
+        rows = [r["scarce"][str(fraction)] for r in results]
+        cells = [_cell([x[k] for x in rows]) for k in ("flip_precision_excl_gold_ties",
+                                                        "gold_agreement_before_excl_gold_ties",
+                                                        "gold_agreement_after_excl_gold_ties",
+                                                        *SCARCE_METHODS, "gold labels (ceiling)")]
+        lines.append(f"| {fraction:.0%} ({_cell([x['n_pairs'] for x in rows])}) | " + " | ".join(cells) + " |")
     lines.append("")
     out.write_text("\n".join(lines))
     (out.with_suffix(".json")).write_text(json.dumps(results, indent=1))
@@ -229,10 +354,25 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--out", default="docs/reward-modelling-benchmark.md")
+    parser.add_argument("--work-dir", default="rlhf-runs/benchmarks/reward-modelling",
+                        help="each finished seed's results (seedN.json): a re-run reuses them")
     args = parser.parse_args()
+    from rlhf_core.artifacts import atomic_write_text
+
     start = time.time()
-    with tempfile.TemporaryDirectory() as tmp:
-        results = [run_seed(seed, Path(tmp)) for seed in args.seeds]
+    work = Path(args.work_dir)
+    work.mkdir(parents=True, exist_ok=True)
+    results = []
+    for seed in args.seeds:
+        done = work / f"seed{seed}.json"
+        if not done.exists():
+            with tempfile.TemporaryDirectory() as tmp:
+                atomic_write_text(done, json.dumps(run_seed(seed, Path(tmp)), indent=1))
+        result = json.loads(done.read_text())
+        scarce = work / f"seed{seed}-scarce.json"
+        if not scarce.exists():
+            atomic_write_text(scarce, json.dumps(run_scarce(seed, work / f"round-seed{seed}"), indent=1))
+        results.append(result | {"scarce": json.loads(scarce.read_text())})
     out = Path(args.out)
     write_report(results, out, out.parent / "figures", time.time() - start)
 

@@ -120,7 +120,8 @@ def rlhf_round(config: RoundConfig = RoundConfig(), stop_after: StageName | None
             return finish_round(ctx, out)
         if done("reward", train_reward(ctx, config.reward, out["denoise"], out["import_annotations"], out["sft"],
                                        out["world"], seed, simulated, config.world.max_operand,
-                                       tuple(config.world.operations))):
+                                       tuple(config.world.operations),
+                                       responses=out["generate"] if config.reward.train.meta.enabled else None)):
             return finish_round(ctx, out)
         if done("ppo", train_policy(ctx, config.ppo, policy, out["reward"], out["world"], out["sft"],
                                     config.reward.train, seed)):

@@ -267,6 +267,39 @@ class AnnotationConfig(StrictModel):
     max_field_chars: int = Field(20_000, ge=1, description="text pairs: longer prompt/chosen/rejected is quarantined")
 
 
+class ContrastiveConfig(StrictModel):
+    """Secrets of RLHF II sec. 3.1.1: SimCSE's contrastive loss beside Bradley-Terry (coef 0 = off).
+
+    Each batch is encoded a second time with dropout; the two views of a sample are positives, the
+    other samples of the batch negatives (`rlhf_core.reward.losses.info_nce`)."""
+
+    coef: float = Field(0.0, ge=0, description="weight of the contrastive loss (0 = off)")
+    positives: Literal["responses", "differences"] = Field(
+        "differences", description="what is contrasted: each response's end-token representation, or each pair's "
+        "chosen - rejected difference (the paper's two choices)",
+    )
+    temperature: float = Field(0.05, gt=0, description="InfoNCE temperature (SimCSE: 0.05)")
+    dropout: float = Field(
+        0.1, ge=0, lt=1, description="attention dropout during training, the augmentation behind the two views "
+        "(SimCSE: 0.1); the saved model keeps its own setting",
+    )
+
+
+class MetaRMConfig(StrictModel):
+    """Secrets of RLHF II sec. 3.2 (MetaRM, Algorithm 1): before each Bradley-Terry step, one gradient-ascent
+    step on the difference loss of the current policy's samples, then the descent at the shifted weights.
+
+    The samples are the round's generated responses (the policy that PPO will start from), k per prompt."""
+
+    enabled: bool = Field(False, description="train with the meta step (needs the round's responses)")
+    inner_lr: float = Field(
+        0.1, gt=0, description="step size eta of the ascent theta' = theta + eta * grad J (plain gradient, "
+        "clipped to max_grad_norm like the descent)",
+    )
+    samples_per_prompt: int = Field(4, ge=2, description="k policy samples of a prompt in the difference loss")
+    prompts_per_step: int = Field(4, ge=1, description="prompts in each meta batch")
+
+
 class RewardTrainConfig(StrictModel):
     """Reward-model training: a backbone with a scalar head read at the end token (and, by default, the
     response's log-likelihood under the backbone's own LM head; see rlhf_core/reward/model.py)."""
@@ -294,6 +327,8 @@ class RewardTrainConfig(StrictModel):
         0.0, ge=0, description="Secrets of RLHF I: weight beta of the LM (imitation) loss on the chosen response; "
         "needs a tied LM head (0 = off)",
     )
+    contrastive: ContrastiveConfig = Field(default_factory=ContrastiveConfig)
+    meta: MetaRMConfig = Field(default_factory=MetaRMConfig)
 
 
 class VotingConfig(StrictModel):
@@ -312,6 +347,10 @@ class VotingConfig(StrictModel):
         "train on it",
     )
     folds: int = Field(2, ge=2, description="out_of_fold: number of folds (each pair gets n_models / folds votes)")
+    num_processes: int = Field(
+        1, ge=1, description="faithful mode: > 1 spreads the voters over that many worker ranks (accelerate; voter k "
+        "on rank k mod N); 1 = in-process. Either way each finished voter is kept and a killed vote resumes",
+    )
     ambiguous_band: float = Field(
         0.25, ge=0, description="ambiguous bucket, in units of the scale of the strengths (the std of the pairs' "
         "mean strength): 0 <= z < band (one_sided) or |z| < band (symmetric)",
@@ -320,6 +359,19 @@ class VotingConfig(StrictModel):
         "one_sided", description="one_sided: incorrect = mean < 0 (the paper); symmetric: incorrect = z <= -band, "
         "so pairs just below 0 are ambiguous (smoothed) rather than flipped",
     )
+
+    @model_validator(mode="after")
+    def _supported(self) -> VotingConfig:
+        if self.mode == "fast" and self.num_processes > 1:
+            raise ValueError("voting.mode fast trains one shared trunk in one process: set voting.num_processes 1 "
+                             "(or use mode faithful to spread the voters over ranks)")
+        if self.mode == "fast" and self.train.contrastive.coef:
+            raise ValueError("voting.mode fast trains heads without the contrastive loss: set "
+                             "voting.train.contrastive.coef 0 (or use mode faithful)")
+        if self.train.meta.enabled:
+            raise ValueError("voting.train.meta.enabled: voters vote on the annotated pairs and get no policy "
+                             "samples; MetaRM belongs to reward.train")
+        return self
 
 
 class DenoiseConfig(StrictModel):

@@ -15,20 +15,28 @@ from rlhf_core.schemas import read_table
 from rlhf_core.sim.metrics import accuracy_by_pair_type, answer_probe, gold_eval_pairs
 from tasks.common import RunContext, StageRun, run_stage
 
-VERSION = "2"
+VERSION = "3"
 HELD_OUT_SAMPLES_PER_PROMPT = 8  # 4 gold-labelled pairs per held-out prompt (~600 pairs in the demo)
 
 
 @task(name="reward", version=VERSION, cache_policy=NO_CACHE)
 def train_reward(ctx: RunContext, cfg: RewardConfig, denoised: ArtifactRef, comparisons: ArtifactRef,
                  policy: ArtifactRef, world: ArtifactRef, seed: int, simulated: bool, max_operand: int = 4,
-                 operations: tuple[str, ...] = ("+", "-")) -> ArtifactRef:
+                 operations: tuple[str, ...] = ("+", "-"), responses: ArtifactRef | None = None) -> ArtifactRef:
     """Bradley-Terry with soft labels and margins; on the simulated world, accuracy against gold on held-out
-    pairs (overall and per pair type), the answer probe, and the same for a baseline trained on the raw labels."""
+    pairs (overall and per pair type), the answer probe, and the same for a baseline trained on the raw labels.
+
+    `responses` (the round's generated responses, samples of the policy PPO starts from) feed MetaRM's
+    meta step and are required when cfg.train.meta.enabled."""
+    if cfg.train.meta.enabled and responses is None:
+        raise ValueError("reward.train.meta.enabled needs the round's generated responses as policy samples")
 
     def produce(out: Path, run: StageRun) -> dict[str, float]:
         pairs = read_table("denoised", denoised.file("denoised.parquet"))
-        model, tokenizer, report = train_reward_model(policy.path, pairs, cfg.train, seed=seed, progress=True)
+        samples = (read_table("responses", responses.file("responses.parquet")) if cfg.train.meta.enabled
+                   else None)
+        model, tokenizer, report = train_reward_model(policy.path, pairs, cfg.train, seed=seed, progress=True,
+                                                      meta_samples=samples)
         model.save(out, tokenizer)
         metrics = {f"reward/{k}": float(v) for k, v in report.items() if isinstance(v, (int, float))}
         if simulated:
@@ -38,7 +46,8 @@ def train_reward(ctx: RunContext, cfg: RewardConfig, denoised: ArtifactRef, comp
             metrics.update(_gold_metrics("reward", model, tokenizer, eval_pairs, cfg, max_operand, operations))
             if cfg.compare_baseline:  # what voting + denoising bought: the same recipe on the raw labels
                 raw = read_table("comparisons", comparisons.file("comparisons.parquet"))
-                baseline, _, _ = train_reward_model(policy.path, raw, cfg.train, seed=seed, progress=True)
+                baseline, _, _ = train_reward_model(policy.path, raw, cfg.train, seed=seed, progress=True,
+                                                    meta_samples=samples)
                 metrics.update(_gold_metrics("reward/baseline", baseline, tokenizer, eval_pairs, cfg, max_operand,
                                              operations))
         return metrics
@@ -46,7 +55,8 @@ def train_reward(ctx: RunContext, cfg: RewardConfig, denoised: ArtifactRef, comp
     return run_stage(ctx, stage="reward", version=VERSION, kind="reward_model",
                      config={"reward": cfg.model_dump(), "seed": seed, "simulated": simulated,
                              "world": {"max_operand": max_operand, "operations": list(operations)}},
-                     inputs={"denoised": denoised, "comparisons": comparisons, "policy": policy, "world": world},
+                     inputs={"denoised": denoised, "comparisons": comparisons, "policy": policy, "world": world}
+                     | ({"responses": responses} if cfg.train.meta.enabled else {}),
                      produce=produce, register_as="rlhf-reward-model")
 
 

@@ -15,9 +15,10 @@ from rlhf_core.reward.voting import vote
 from rlhf_core.schemas import read_table, write_table
 from rlhf_core.sim.metrics import agreement_by_strength_decile, gold_difference
 from tasks.common import RunContext, StageRun, run_stage
+from tasks.launch import run_worker
 from tasks.plots import agreement_by_bucket, agreement_by_strength, strength_histogram, strength_std_by_group
 
-VERSION = "2"
+VERSION = "3"
 
 
 @task(name="vote", version=VERSION, cache_policy=NO_CACHE)
@@ -27,7 +28,16 @@ def vote_strength(ctx: RunContext, cfg: VotingConfig, comparisons: ArtifactRef, 
 
     def produce(out: Path, run: StageRun) -> dict[str, float]:
         pairs = read_table("comparisons", comparisons.file("comparisons.parquet"))
-        votes, report = vote(policy.path, pairs, cfg, seed=seed, progress=True)
+        # Finished voters are kept in the scratch dir, which survives a killed run: a re-run resumes there.
+        voter_dir = run.scratch / "voters"
+        if cfg.mode == "faithful" and cfg.num_processes > 1:
+            run.scratch.mkdir(parents=True, exist_ok=True)
+            pairs.to_parquet(run.scratch / "pairs.parquet", index=False)
+            (run.scratch / "voting.json").write_text(cfg.model_dump_json())
+            args = ["--init-dir", str(policy.path), "--pairs", str(run.scratch / "pairs.parquet"),
+                    "--config", str(run.scratch / "voting.json"), "--seed", str(seed), "--voter-dir", str(voter_dir)]
+            run_worker("rlhf_core.workers.vote", args, cfg.num_processes, run.scratch / "worker.log")
+        votes, report = vote(policy.path, pairs, cfg, seed=seed, progress=True, voter_dir=voter_dir)
         write_table("votes", votes, out / "votes.parquet")
         run.log_figure(strength_histogram(votes["mean"], votes["bucket"], votes["std"]), "preference_strength.png")
         run.log_figure(strength_std_by_group(votes["mean"], votes["std"]), "strength_std_by_group.png")

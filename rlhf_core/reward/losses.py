@@ -3,6 +3,10 @@
 - `preference_loss`: Bradley-Terry with an optional adaptive margin and soft labels.
 - `smooth_labels`:   label smoothing of a target probability (Part II, sec. 2.5).
 - `imitation_loss`:  the LM loss on the chosen response (Part I, weight beta), from summed log-probs.
+- `info_nce`, `contrastive_samples`: SimCSE's contrastive loss (Part II sec. 3.1.1) over two dropout
+  views of the responses or of the chosen - rejected differences.
+- `difference_loss`: MetaRM's J (Part II sec. 3.2), how far apart the rewards of a prompt's policy
+  samples are; the meta step ascends it before the Bradley-Terry descent (rlhf_core/reward/train.py).
 """
 
 from __future__ import annotations
@@ -73,3 +77,46 @@ def imitation_loss(logprob_sum: torch.Tensor, n_tokens: torch.Tensor) -> torch.T
     logprob_sum: (B,) summed log p of each response's tokens (and eos); n_tokens: (B,) their counts.
     """
     return -logprob_sum.sum() / n_tokens.sum().clamp(min=1)
+
+
+def info_nce(view_a: torch.Tensor, view_b: torch.Tensor, temperature: float) -> torch.Tensor:
+    """SimCSE's InfoNCE: row i of view_b is the positive of row i of view_a, every other row a negative.
+
+        sim_ij = cos(a_i, b_j) / tau
+        loss   = mean_i -log( exp(sim_ii) / sum_j exp(sim_ij) )
+
+    view_a, view_b: (N, H), the same N samples encoded twice with dropout.
+    """
+    if view_a.shape != view_b.shape or view_a.dim() != 2:
+        raise ValueError(f"info_nce needs two (N, H) views of the same samples, got {tuple(view_a.shape)} "
+                         f"and {tuple(view_b.shape)}")
+    sim = F.normalize(view_a, dim=-1) @ F.normalize(view_b, dim=-1).T / temperature  # (N, N)
+    return F.cross_entropy(sim, torch.arange(len(sim), device=sim.device))
+
+
+def contrastive_samples(h_chosen: torch.Tensor, h_rejected: torch.Tensor, positives: str) -> torch.Tensor:
+    """The samples SimCSE contrasts (Part II sec. 3.1.1's two choices), from (B, H) representations.
+
+    "responses":   every response on its own, (2B, H): chosen rows then rejected rows;
+    "differences": each pair's h_chosen - h_rejected, (B, H).
+    """
+    if positives == "responses":
+        return torch.cat([h_chosen, h_rejected])
+    if positives == "differences":
+        return h_chosen - h_rejected
+    raise ValueError(f"unknown contrastive positives {positives!r}; known: responses, differences")
+
+
+def difference_loss(rewards: torch.Tensor) -> torch.Tensor:
+    """MetaRM's difference loss J of k policy samples per prompt (to be maximised).
+
+        J = mean over prompts of  2 / (k (k - 1)) * sum_{i<j} sigmoid(|r_i - r_j|)
+
+    rewards: (P, k), k >= 2. J lies in [0.5, 1): 0.5 when the model scores a prompt's samples alike.
+    The paper writes the sum over i < j; we average it (the 2 / (k (k - 1))) so the meta step size
+    does not depend on k.
+    """
+    if rewards.dim() != 2 or rewards.shape[1] < 2:
+        raise ValueError(f"difference_loss needs (prompts, k >= 2) rewards, got {tuple(rewards.shape)}")
+    i, j = torch.triu_indices(rewards.shape[1], rewards.shape[1], offset=1)
+    return torch.sigmoid((rewards[:, i] - rewards[:, j]).abs()).mean()

@@ -117,12 +117,27 @@ class RewardModel(nn.Module):
         """(N,) rewards from the trunk's hidden states; `head`/`logprob_weight` replace the model's own
         (voting's shared-trunk mode reads several heads off one pass)."""
         head = self.head() if head is None else head
-        end = batch["attention_mask"].sum(dim=1) - 1  # (N,) the eos (right padding)
-        rewards = head(hidden[torch.arange(len(hidden)), end]).squeeze(-1)  # (N,)
+        rewards = head(self.end_hidden(hidden, batch)).squeeze(-1)  # (N,)
         if self.read == "end_token+logprob":
             weight = self.logprob_weight if logprob_weight is None else logprob_weight
             rewards = rewards + weight * self.response_logprob(hidden, batch)
         return rewards
+
+    @staticmethod
+    def end_hidden(hidden: torch.Tensor, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """(N, H) the hidden state at each sequence's eos (right padding), what the head reads."""
+        end = batch["attention_mask"].sum(dim=1) - 1  # (N,)
+        return hidden[torch.arange(len(hidden)), end]
+
+    def set_attention_dropout(self, p: float) -> int:
+        """Set the attention dropout of every attention layer (active in train mode only); returns how many.
+
+        SimCSE's augmentation for the contrastive loss; the model's config, and so what is saved, is unchanged.
+        """
+        layers = [m for m in self.modules() if isinstance(getattr(m, "attention_dropout", None), float)]
+        for m in layers:
+            m.attention_dropout = p
+        return len(layers)
 
     def response_logprob(self, hidden: torch.Tensor, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """(N,) sum over response tokens and eos of log p(token | everything before), LM head = embeddings."""

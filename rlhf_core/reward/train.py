@@ -1,4 +1,5 @@
-"""Training a reward model on preference pairs (Bradley-Terry, margins, soft labels, LM imitation)."""
+"""Training a reward model on preference pairs (Bradley-Terry, margins, soft labels, LM imitation,
+SimCSE contrastive loss, MetaRM's meta step)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,14 @@ from transformers import PreTrainedTokenizerBase
 
 from rlhf_core import models
 from rlhf_core.config import RewardTrainConfig
-from rlhf_core.reward.losses import imitation_loss, preference_loss, smooth_labels
+from rlhf_core.reward.losses import (
+    contrastive_samples,
+    difference_loss,
+    imitation_loss,
+    info_nce,
+    preference_loss,
+    smooth_labels,
+)
 from rlhf_core.reward.model import RewardModel, encode, score_texts
 
 REQUIRED_COLUMNS = ("prompt", "chosen", "rejected")
@@ -51,6 +59,10 @@ def pair_loss(model: RewardModel, batch: dict[str, torch.Tensor], pairs: pd.Data
     """The training loss of one batch of pairs (chosen rows first, see `_pair_batch`).
 
         loss = BT(r_c - r_r - margin; smooth(p, eps)) + lm_coef * NLL(chosen)
+               + contrastive.coef * InfoNCE(view 1, view 2)
+
+    The contrastive term encodes the batch a second time; in train mode dropout makes the two views
+    differ (SimCSE), and the samples are the responses or the pairs' differences (see `contrastive_samples`).
     """
     B = len(pairs)
     hidden = model.hidden_states(batch["input_ids"], batch["attention_mask"])  # (2B, T, H)
@@ -65,7 +77,83 @@ def pair_loss(model: RewardModel, batch: dict[str, torch.Tensor], pairs: pd.Data
         lm = imitation_loss(model.response_logprob(hidden[:B], chosen), chosen["response_mask"][:, 1:].sum(1))
         loss = loss + cfg.lm_coef * lm
         metrics["lm_loss"] = lm.item()
+    contrastive = cfg.contrastive
+    if contrastive.coef:
+        view_1 = model.end_hidden(hidden, batch)  # (2B, H)
+        view_2 = model.end_hidden(model.hidden_states(batch["input_ids"], batch["attention_mask"]), batch)
+        cl = info_nce(contrastive_samples(view_1[:B], view_1[B:], contrastive.positives),
+                      contrastive_samples(view_2[:B], view_2[B:], contrastive.positives), contrastive.temperature)
+        loss = loss + contrastive.coef * cl
+        metrics["contrastive_loss"] = cl.item()
     return loss, metrics
+
+
+def meta_groups(samples: pd.DataFrame, k: int) -> list[tuple[str, list[str]]]:
+    """(prompt, its distinct responses) for every prompt of `samples` with at least k distinct responses."""
+    missing = [c for c in ("prompt", "response") if c not in samples.columns]
+    if missing:
+        raise ValueError(f"MetaRM samples lack column(s) {missing}; present: {list(samples.columns)}")
+    groups = [(prompt, list(dict.fromkeys(g["response"]))) for prompt, g in samples.groupby("prompt", sort=True)]
+    groups = [(prompt, responses) for prompt, responses in groups if len(responses) >= k]
+    if not groups:
+        raise ValueError(f"MetaRM needs prompts with at least {k} distinct policy samples "
+                         f"(reward.train.meta.samples_per_prompt); none of {samples['prompt'].nunique()} has")
+    return groups
+
+
+def meta_batch(tokenizer, groups: list[tuple[str, list[str]]], cfg: RewardTrainConfig, rng: np.random.Generator
+               ) -> dict[str, torch.Tensor]:
+    """cfg.meta.prompts_per_step prompts, k of each one's samples: (P * k, T), prompt by prompt."""
+    k = cfg.meta.samples_per_prompt
+    chosen = rng.choice(len(groups), size=min(cfg.meta.prompts_per_step, len(groups)), replace=False)
+    prompts, responses = [], []
+    for g in chosen:
+        prompt, candidates = groups[g]
+        prompts += [prompt] * k
+        responses += [candidates[i] for i in rng.choice(len(candidates), size=k, replace=False)]
+    return encode(tokenizer, prompts, responses, cfg.max_length)
+
+
+def meta_ascent(model: RewardModel, batch: dict[str, torch.Tensor], k: int, inner_lr: float, max_grad_norm: float
+                ) -> tuple[list[torch.Tensor], float]:
+    """MetaRM's inner step, in place: theta' = theta + inner_lr * clip(grad J(theta)).
+
+    J is `difference_loss` of the batch's rewards viewed (P, k). Returns the shift of every trainable
+    parameter (subtract it to get theta back) and J. The outer gradient is then taken at theta' and
+    applied to theta: the first-order form of Algorithm 1 (the term through d theta' / d theta, a
+    Hessian-vector product, is left out, as first-order MAML does).
+    """
+    params = [p for p in model.parameters() if p.requires_grad]
+    j = difference_loss(model(**batch).view(-1, k))
+    grads = torch.autograd.grad(j, params, allow_unused=True)
+    grads = [torch.zeros_like(p) if g is None else g for p, g in zip(params, grads)]
+    norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))
+    scale = inner_lr * min(1.0, max_grad_norm / (norm.item() + 1e-6))
+    shifts = [scale * g for g in grads]
+    with torch.no_grad():
+        for p, shift in zip(params, shifts):
+            p.add_(shift)
+    return shifts, j.item()
+
+
+def step_gradients(model: RewardModel, batch: dict[str, torch.Tensor], pairs: pd.DataFrame, cfg: RewardTrainConfig,
+                   meta: dict[str, torch.Tensor] | None = None) -> tuple[torch.Tensor, dict[str, float]]:
+    """Accumulate one step's gradients into .grad; the weights are unchanged when it returns.
+
+    Without `meta`: the gradient of `pair_loss`. With a MetaRM batch (P * k policy samples, see
+    `meta_batch`): shift to theta' (`meta_ascent`), take the gradient of `pair_loss` there, shift back.
+    """
+    shifts = []
+    extra = {}
+    if meta is not None:
+        shifts, extra["meta_difference"] = meta_ascent(model, meta, cfg.meta.samples_per_prompt, cfg.meta.inner_lr,
+                                                       cfg.max_grad_norm)
+    loss, metrics = pair_loss(model, batch, pairs, cfg)
+    loss.backward()
+    with torch.no_grad():
+        for p, shift in zip((p for p in model.parameters() if p.requires_grad), shifts):
+            p.sub_(shift)  # back to theta: the outer gradient is applied to the unshifted weights
+    return loss, metrics | extra
 
 
 def train_reward_model(
@@ -74,6 +162,7 @@ def train_reward_model(
     cfg: RewardTrainConfig,
     seed: int,
     progress: bool = False,
+    meta_samples: pd.DataFrame | None = None,
 ) -> tuple[RewardModel, PreTrainedTokenizerBase, dict[str, float]]:
     """Train a reward model initialised from the policy in `init_dir` on `pairs`.
 
@@ -81,9 +170,13 @@ def train_reward_model(
     and margin, passed to `preference_loss`. The seed sets the head init and the data order of
     every epoch, so two seeds differ in both. AdamW (see `make_optimizer`) with a linear decay
     of the learning rates to 0 over all steps and global gradient clipping.
+    meta_samples (prompt, response): the policy samples of MetaRM, needed when cfg.meta.enabled;
+    each step first ascends their difference loss (`meta_ascent`), then descends the pair loss
+    at the shifted weights and applies that gradient to the unshifted ones.
 
     Returns (model in eval mode, tokenizer, metrics): loss and accuracy are means over the last
-    epoch's batches (as trained, not re-scored); logprob_weight; steps; seconds.
+    epoch's batches (as trained, not re-scored); contrastive_loss / meta_difference when on;
+    logprob_weight; steps; seconds.
     """
     missing = [c for c in REQUIRED_COLUMNS if c not in pairs.columns]
     if missing:
@@ -93,8 +186,19 @@ def train_reward_model(
     t0 = time.perf_counter()
     model = RewardModel.from_policy(init_dir, seed, cfg.read)  # seeds torch, then draws the head
     tokenizer = models.load_tokenizer(init_dir)
+    if cfg.contrastive.coef:
+        dropout_modules = [m for m in model.modules() if isinstance(m, torch.nn.Dropout) and m.p > 0]
+        if not model.set_attention_dropout(cfg.contrastive.dropout) and not dropout_modules:
+            raise ValueError("the contrastive loss needs dropout to make two views, and this backbone has no "
+                             "attention dropout to set nor dropout layers: set reward.train.contrastive.coef 0")
+    groups = None
+    if cfg.meta.enabled:
+        if meta_samples is None:
+            raise ValueError("reward.train.meta.enabled needs policy samples (prompt, response) to train with")
+        groups = meta_groups(meta_samples, cfg.meta.samples_per_prompt)
     torch.manual_seed(seed)
     order_rng = np.random.default_rng(seed)
+    meta_rng = np.random.default_rng([seed, 1])  # its own stream: the pairs' order is the same with MetaRM off
 
     n_batches = -(-len(pairs) // cfg.batch_size)
     total_steps = cfg.epochs * n_batches
@@ -106,18 +210,22 @@ def train_reward_model(
     step = 0
     for _ in range(cfg.epochs):
         order = order_rng.permutation(len(pairs))
-        epoch_loss, epoch_acc = [], []
+        epoch_loss, epoch_acc, epoch_extra = [], [], {}
         for start in range(0, len(pairs), cfg.batch_size):
             batch_pairs = pairs.iloc[order[start : start + cfg.batch_size]]
-            loss, metrics = pair_loss(model, _pair_batch(tokenizer, batch_pairs, cfg.max_length), batch_pairs, cfg)
             optimizer.zero_grad(set_to_none=True)
-            loss.backward()
+            meta = None if groups is None else meta_batch(tokenizer, groups, cfg, meta_rng)
+            loss, metrics = step_gradients(model, _pair_batch(tokenizer, batch_pairs, cfg.max_length), batch_pairs,
+                                           cfg, meta)
             torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
             optimizer.step()
             scheduler.step()
             step += 1
             epoch_loss.append(loss.item())
             epoch_acc.append(metrics["accuracy"])
+            for name in ("contrastive_loss", "meta_difference"):
+                if name in metrics:
+                    epoch_extra.setdefault(name, []).append(metrics[name])
             bar.update(1)
             bar.set_postfix(loss=f"{epoch_loss[-1]:.3f}")
     bar.close()
@@ -125,6 +233,7 @@ def train_reward_model(
     metrics = {
         "loss": float(np.mean(epoch_loss)),
         "accuracy": float(np.mean(epoch_acc)),
+        **{name: float(np.mean(values)) for name, values in epoch_extra.items()},
         "logprob_weight": float(model.logprob_weight.item()),
         "steps": step,
         "seconds": time.perf_counter() - t0,

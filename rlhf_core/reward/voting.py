@@ -28,6 +28,8 @@ depend on the voters' units: "incorrect" if mean < 0 (one_sided, the paper) or z
 
 from __future__ import annotations
 
+import json
+import tempfile
 import time
 from itertools import combinations
 from pathlib import Path
@@ -40,6 +42,7 @@ import torch
 from torch import nn
 
 from rlhf_core import models
+from rlhf_core.artifacts import atomic_write, atomic_write_text
 from rlhf_core.config import VotingConfig
 from rlhf_core.reward.losses import bradley_terry_terms
 from rlhf_core.reward.model import RewardModel
@@ -109,24 +112,74 @@ def fold_of_pairs(pair_ids, folds: int, seed: int) -> np.ndarray:
     return out
 
 
+def voter_path(voter_dir: str | Path, k: int) -> Path:
+    """Where voter k's (N,) differences are kept (NaN where it did not vote): voter-KKK.npy."""
+    return Path(voter_dir) / f"voter-{k:03d}.npy"
+
+
+def run_voters(init_dir: str | Path, pairs: pd.DataFrame, cfg: VotingConfig, seed: int, voter_dir: str | Path,
+               rank: int = 0, world_size: int = 1, progress: bool = False) -> list[int]:
+    """Train and score the faithful voters of this rank (k = rank, rank + world_size, ...) into `voter_dir`.
+
+    Voter k's differences and last-epoch training accuracy go to voter-KKK.npy / .json, written
+    atomically; a voter whose file exists is skipped, so a killed vote resumes where it stopped,
+    and any number of ranks give the same files. Returns the voters trained here.
+    """
+    if cfg.mode != "faithful":
+        raise ValueError("run_voters trains faithful voters; fast mode is shared_trunk_diffs")
+    out_of_fold = cfg.scheme == "out_of_fold"
+    if out_of_fold and cfg.n_models < cfg.folds:
+        raise ValueError(f"voting.scheme out_of_fold needs n_models ({cfg.n_models}) >= folds ({cfg.folds}): "
+                         "every fold must be left out by at least one voter")
+    fold = fold_of_pairs(pairs["pair_id"], cfg.folds, seed) if out_of_fold else np.full(len(pairs), -1)
+    mine = [k for k in range(rank, cfg.n_models, world_size) if not voter_path(voter_dir, k).exists()]
+    for k in tqdm(mine, desc=f"vote rank {rank}", unit="model", disable=not progress):
+        held_out = fold == (k % cfg.folds) if out_of_fold else np.ones(len(pairs), dtype=bool)  # (N,) scored by k
+        train_pairs = pairs[~held_out] if out_of_fold else pairs
+        model, tokenizer, metrics = train_reward_model(init_dir, train_pairs, cfg.train, model_seed(seed, k))
+        column = np.full(len(pairs), np.nan)  # (N,)
+        column[held_out] = pair_reward_diffs(model, tokenizer, pairs[held_out], cfg.train.max_length)
+        path = voter_path(voter_dir, k)
+        # the .json first: a voter counts as done once its .npy exists
+        atomic_write_text(path.with_suffix(".json"), json.dumps({"train_accuracy": metrics["accuracy"]}))
+        atomic_write(path, lambda f: np.save(f, column))
+        del model
+    return mine
+
+
+def collect_voters(voter_dir: str | Path, n_pairs: int, n_models: int) -> tuple[np.ndarray, list[float]]:
+    """(N, M) differences and the M training accuracies from voter_dir; raises naming missing voters."""
+    missing = [k for k in range(n_models) if not voter_path(voter_dir, k).exists()]
+    if missing:
+        raise FileNotFoundError(f"voters {missing} have no result in {voter_dir}: the vote did not finish")
+    columns = [np.load(voter_path(voter_dir, k)) for k in range(n_models)]
+    if any(c.shape != (n_pairs,) for c in columns):
+        raise ValueError(f"voter results in {voter_dir} are not for these {n_pairs} pairs; remove the directory")
+    accuracy = [json.loads(voter_path(voter_dir, k).with_suffix(".json").read_text())["train_accuracy"]
+                for k in range(n_models)]
+    return np.stack(columns, axis=1), accuracy
+
+
 def vote(
     init_dir: str | Path,
     pairs: pd.DataFrame,
     cfg: VotingConfig,
     seed: int,
     progress: bool = False,
+    voter_dir: str | Path | None = None,
 ) -> tuple[pd.DataFrame, dict[str, float]]:
     """Train cfg.n_models reward models and measure every pair's preference strength.
 
-    pairs: the comparisons table (pair_id, prompt, chosen, rejected, ...). Voter k is trained with
-    cfg.train and seed `model_seed(seed, k)` (out_of_fold: on the pairs outside fold k mod folds),
-    scores the pairs it did not train on (in_sample: every pair), and is then dropped, so only one model is
-    in memory at a time.
+    pairs: the comparisons table (pair_id, prompt, chosen, rejected, ...). Faithful mode: voter k is
+    trained with cfg.train and seed `model_seed(seed, k)` (out_of_fold: on the pairs outside fold
+    k mod folds), scores the pairs it did not train on (in_sample: every pair), and is dropped, so
+    one model is in memory at a time. `voter_dir` keeps each finished voter (see `run_voters`):
+    pass the same directory to resume, or the directory that worker ranks filled to only collect.
 
-    Returns the votes table (pair_id, mean, std, diffs: list of M floats, NaN where the voter
-    trained on the pair out_of_fold; z = mean / scale; n_votes; bucket) in the order of `pairs`,
-    and metrics: share_incorrect / share_ambiguous / share_normal, strength_scale, mean_std,
-    sign_agreement, train_accuracy (mean over models), seconds, seconds_per_model.
+    Returns the votes table (pair_id, mean, std, diffs: list of M floats, NaN where a voter did
+    not vote; z = mean / scale; n_votes; bucket) in the order of `pairs`, and metrics:
+    share_incorrect / share_ambiguous / share_normal, strength_scale, mean_std, sign_agreement,
+    train_accuracy (mean over models), seconds, seconds_per_model.
     """
     if pairs["pair_id"].duplicated().any():
         raise ValueError("pair_id must be unique in the pairs to vote on")
@@ -136,28 +189,11 @@ def vote(
             raise ValueError("voting.mode fast shares one trunk trained on every pair: use voting.scheme in_sample")
         diffs, train_acc = shared_trunk_diffs(init_dir, pairs, cfg, seed, progress)
     else:
-        diffs, train_acc = _faithful_diffs(init_dir, pairs, cfg, seed, progress)
+        with tempfile.TemporaryDirectory() as tmp:
+            directory = Path(voter_dir) if voter_dir is not None else Path(tmp)
+            run_voters(init_dir, pairs, cfg, seed, directory, progress=progress)
+            diffs, train_acc = collect_voters(directory, len(pairs), cfg.n_models)
     return votes_table(pairs, diffs, cfg), _vote_metrics(diffs, cfg, train_acc, time.perf_counter() - t0)
-
-
-def _faithful_diffs(init_dir, pairs: pd.DataFrame, cfg: VotingConfig, seed: int, progress: bool
-                    ) -> tuple[np.ndarray, list[float]]:
-    """(N, M) diffs of M full reward models (NaN where out_of_fold left a voter's own pairs), train accuracies."""
-    out_of_fold = cfg.scheme == "out_of_fold"
-    if out_of_fold and cfg.n_models < cfg.folds:
-        raise ValueError(f"voting.scheme out_of_fold needs n_models ({cfg.n_models}) >= folds ({cfg.folds}): "
-                         "every fold must be left out by at least one voter")
-    fold = fold_of_pairs(pairs["pair_id"], cfg.folds, seed) if out_of_fold else np.full(len(pairs), -1)
-    diffs = np.full((len(pairs), cfg.n_models), np.nan)  # (N, M)
-    train_acc = []
-    for k in tqdm(range(cfg.n_models), desc="vote", unit="model", disable=not progress):
-        held_out = fold == (k % cfg.folds) if out_of_fold else np.ones(len(pairs), dtype=bool)  # (N,)
-        train_pairs = pairs[~held_out] if out_of_fold else pairs
-        model, tokenizer, metrics = train_reward_model(init_dir, train_pairs, cfg.train, model_seed(seed, k))
-        diffs[held_out, k] = pair_reward_diffs(model, tokenizer, pairs[held_out], cfg.train.max_length)
-        train_acc.append(metrics["accuracy"])
-        del model
-    return diffs, train_acc
 
 
 def votes_table(pairs: pd.DataFrame, diffs: np.ndarray, cfg: VotingConfig) -> pd.DataFrame:

@@ -15,37 +15,29 @@ directory, strategies). The main process writes shard_dir/world_size.txt and pri
 from __future__ import annotations
 
 import argparse
-import os
 from pathlib import Path
 
 import pandas as pd
-import torch
-from accelerate import Accelerator
 
 from rlhf_core.artifacts import atomic_write_text
 from rlhf_core.config import GenerationConfig
 from rlhf_core.generation.generators import read_generators
 from rlhf_core.generation.shards import generate_plan_shards, n_shards
+from rlhf_core.workers.ranks import start_ranks, worker_parser
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = worker_parser(__doc__.splitlines()[0], "GenerationConfig as a JSON file (batch_size, shard_size)")
     p.add_argument("--generators", required=True, help="the resolved generators as JSON (save_generators)")
     p.add_argument("--prompts", required=True, help="Parquet with prompt_id and prompt columns")
-    p.add_argument("--config", required=True, help="GenerationConfig as a JSON file (batch_size, shard_size)")
-    p.add_argument("--seed", type=int, required=True)
     p.add_argument("--shard-dir", required=True)
-    p.add_argument("--progress", action="store_true", help="a progress bar on the main process")
     return p.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    accelerator = Accelerator(cpu=not torch.cuda.is_available())
+    accelerator = start_ranks()
     rank, world_size = accelerator.process_index, accelerator.num_processes
-    # The cores are shared by the ranks on this machine; torch's default would oversubscribe them.
-    threads = int(os.environ.get("RLHF_TORCH_THREADS", "0")) or max(1, (os.cpu_count() or 1) // world_size)
-    torch.set_num_threads(threads)
 
     cfg = GenerationConfig.model_validate_json(Path(args.config).read_text())
     prompts = pd.read_parquet(args.prompts, columns=["prompt_id", "prompt"])

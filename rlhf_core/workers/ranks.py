@@ -1,0 +1,31 @@
+"""What every worker shares: the common arguments, joining the ranks accelerate started, sharing the cores."""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+import torch
+from accelerate import Accelerator
+
+
+def start_ranks() -> Accelerator:
+    """The Accelerator of this rank (CPU when no GPU is present), with torch threads set.
+
+    The ranks of one machine share its cores; torch's default would oversubscribe them, so each
+    takes cores / world size threads (RLHF_TORCH_THREADS overrides).
+    """
+    accelerator = Accelerator(cpu=not torch.cuda.is_available())
+    threads = int(os.environ.get("RLHF_TORCH_THREADS", "0")) or max(1, (os.cpu_count() or 1)
+                                                                   // accelerator.num_processes)
+    torch.set_num_threads(threads)
+    return accelerator
+
+
+def worker_parser(description: str, config_help: str) -> argparse.ArgumentParser:
+    """An argument parser with what every worker takes: --config (a JSON file), --seed, --progress."""
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument("--config", required=True, help=config_help)
+    p.add_argument("--seed", type=int, required=True)
+    p.add_argument("--progress", action="store_true", help="a progress bar on the main process")
+    return p
