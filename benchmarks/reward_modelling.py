@@ -44,10 +44,11 @@ RECIPES = {  # name -> RewardTrainConfig overrides (epochs 2, batch 16 throughou
     "end token + log-likelihood + SimCSE on responses 0.1": {"contrastive": {"coef": 0.1, "positives": "responses"}},
     "end token + log-likelihood, gold labels (ceiling)": {"_gold": True},
 }
+PAPER_BAND = {"band": "one_sided", "ambiguous_band": 0.25}  # incorrect = mean < 0 (the default is symmetric 0.1)
 SCHEMES = {
-    "faithful, in-sample (paper)": {"mode": "faithful", "scheme": "in_sample"},
-    "faithful, out-of-fold (2 folds)": {"mode": "faithful", "scheme": "out_of_fold"},
-    "fast, shared trunk": {"mode": "fast", "scheme": "in_sample"},
+    "faithful, in-sample (paper)": {"mode": "faithful", "scheme": "in_sample", **PAPER_BAND},
+    "faithful, out-of-fold (2 folds)": {"mode": "faithful", "scheme": "out_of_fold", **PAPER_BAND},
+    "fast, shared trunk": {"mode": "fast", "scheme": "in_sample", **PAPER_BAND},
 }
 METHODS = ("baseline", "flip", "margin", "flip_margin", "soft_label_margin")
 SYMMETRIC = "faithful, in-sample, symmetric band 0.1"
@@ -229,7 +230,7 @@ def run_scarce(seed: int, workdir: Path) -> dict:
     for fraction in SCARCE_FRACTIONS:
         rng = np.random.default_rng([seed, int(fraction * 1000)])
         subset = pairs.iloc[np.sort(rng.choice(len(pairs), size=int(len(pairs) * fraction), replace=False))]
-        votes, _ = vote(policy, subset, VotingConfig(), seed=seed)
+        votes, _ = vote(policy, subset, VotingConfig(**PAPER_BAND), seed=seed)
         row = {"n_pairs": len(subset), **flip_report(subset, denoise(subset, votes, DenoiseConfig(method="flip"))[0])}
         for method in (*SCARCE_METHODS, "gold labels (ceiling)"):
             train_pairs = (gold_oriented(subset) if method.startswith("gold")
@@ -262,7 +263,9 @@ def write_report(results: list[dict], out: Path, figure_dir: Path, seconds: floa
         "# Reward modelling on the simulated world (Secrets of RLHF Part II)",
         "",
         f"Measured {datetime.now(timezone.utc):%Y-%m-%d} by `benchmarks/reward_modelling.py`, seeds {seeds}, "
-        f"{os.cpu_count()} cores ({platform.machine()}), torch {torch.__version__}, no GPU; {seconds / 60:.0f} min.",
+        f"{os.cpu_count()} cores ({platform.machine()}), torch {torch.__version__}, no GPU; this invocation "
+        f"{seconds / 60:.0f} min (seeds finished earlier are read from --work-dir; all sections of one seed take "
+        "about 13 min).",
         f"Pairs per seed: {[r['n_pairs'] for r in results]} annotated; held-out gold pairs: "
         f"{[r['n_eval_pairs'] for r in results]}. Cells: mean over seeds (min..max). Gold-tied pairs are left out "
         "of every agreement and accuracy.",
@@ -343,7 +346,8 @@ def write_report(results: list[dict], out: Path, figure_dir: Path, seconds: floa
                                                         "gold_agreement_before_excl_gold_ties",
                                                         "gold_agreement_after_excl_gold_ties",
                                                         *SCARCE_METHODS, "gold labels (ceiling)")]
-        lines.append(f"| {fraction:.0%} ({_cell([x['n_pairs'] for x in rows])}) | " + " | ".join(cells) + " |")
+        n_pairs = "..".join(str(f(x["n_pairs"] for x in rows)) for f in (min, max))
+        lines.append(f"| {fraction:.0%} ({n_pairs}) | " + " | ".join(cells) + " |")
     lines.append("")
     out.write_text("\n".join(lines))
     (out.with_suffix(".json")).write_text(json.dumps(results, indent=1))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import numpy as np
@@ -30,6 +31,8 @@ def vote_strength(ctx: RunContext, cfg: VotingConfig, comparisons: ArtifactRef, 
         pairs = read_table("comparisons", comparisons.file("comparisons.parquet"))
         # Finished voters are kept in the scratch dir, which survives a killed run: a re-run resumes there.
         voter_dir = run.scratch / "voters"
+        t0 = time.perf_counter()
+        world_size = 1
         if cfg.mode == "faithful" and cfg.num_processes > 1:
             run.scratch.mkdir(parents=True, exist_ok=True)
             pairs.to_parquet(run.scratch / "pairs.parquet", index=False)
@@ -37,7 +40,10 @@ def vote_strength(ctx: RunContext, cfg: VotingConfig, comparisons: ArtifactRef, 
             args = ["--init-dir", str(policy.path), "--pairs", str(run.scratch / "pairs.parquet"),
                     "--config", str(run.scratch / "voting.json"), "--seed", str(seed), "--voter-dir", str(voter_dir)]
             run_worker("rlhf_core.workers.vote", args, cfg.num_processes, run.scratch / "worker.log")
+            world_size = int((voter_dir / "world_size.txt").read_text())
         votes, report = vote(policy.path, pairs, cfg, seed=seed, progress=True, voter_dir=voter_dir)
+        seconds = time.perf_counter() - t0  # the workers' time included
+        report |= {"seconds": seconds, "seconds_per_model": seconds / cfg.n_models, "world_size": world_size}
         write_table("votes", votes, out / "votes.parquet")
         run.log_figure(strength_histogram(votes["mean"], votes["bucket"], votes["std"]), "preference_strength.png")
         run.log_figure(strength_std_by_group(votes["mean"], votes["std"]), "strength_std_by_group.png")

@@ -159,3 +159,18 @@ def test_generation_stage_launches_two_worker_ranks(prefect_api, tmp_path):
     responses = read_table("responses", ref.file("responses.parquet"))
     assert responses["prompt_id"].nunique() == cfg.sampling.n_samples
     assert not any((tmp_path / "scratch").iterdir())  # committed: the shards are gone
+
+
+def test_vote_on_two_worker_ranks_and_metarm_on_the_rounds_responses(prefect_api, tmp_path):
+    """voting.num_processes=2 runs the voters as 2 ranks; MetaRM's reward stage takes the round's responses."""
+    from flows.round import rlhf_round
+
+    cfg = load_config(CONFIG, overrides=[f"workdir={tmp_path}", "voting.num_processes=2",
+                                         "reward.train.meta.enabled=true", "reward.train.meta.samples_per_prompt=2"])
+    summary = rlhf_round(config=cfg, stop_after="reward")
+    client = MlflowClient(summary["mlflow"]["tracking_uri"])
+    runs = {r.data.tags["rlhf.stage"]: r for r in _children(client, summary["mlflow"]["run_id"])}
+    assert runs["vote"].data.metrics["voting/world_size"] == 2
+    assert runs["reward"].data.tags["rlhf.input.responses"] == f"responses:{summary['artifacts']['generate']['digest']}"
+    assert 0.5 <= runs["reward"].data.metrics["reward/meta_difference"] < 1.0
+    assert runs["reward"].data.params["reward.train.meta.enabled"] == "True"

@@ -133,7 +133,7 @@ def run_voters(init_dir: str | Path, pairs: pd.DataFrame, cfg: VotingConfig, see
                          "every fold must be left out by at least one voter")
     fold = fold_of_pairs(pairs["pair_id"], cfg.folds, seed) if out_of_fold else np.full(len(pairs), -1)
     mine = [k for k in range(rank, cfg.n_models, world_size) if not voter_path(voter_dir, k).exists()]
-    for k in tqdm(mine, desc=f"vote rank {rank}", unit="model", disable=not progress):
+    for k in tqdm(mine, desc="vote" if world_size == 1 else f"vote rank {rank}", unit="model", disable=not progress):
         held_out = fold == (k % cfg.folds) if out_of_fold else np.ones(len(pairs), dtype=bool)  # (N,) scored by k
         train_pairs = pairs[~held_out] if out_of_fold else pairs
         model, tokenizer, metrics = train_reward_model(init_dir, train_pairs, cfg.train, model_seed(seed, k))
