@@ -109,13 +109,12 @@ def run_seed(seed: int, tmp: Path) -> dict:
     from scipy.stats import spearmanr
 
     from flows.round import rlhf_round
-    from rlhf_core.config import DenoiseConfig, MetaRMConfig, RoundConfig, VotingConfig
+    from rlhf_core.config import DenoiseConfig, RoundConfig, VotingConfig
     from rlhf_core.reward.denoise import denoise
     from rlhf_core.reward.train import train_reward_model
     from rlhf_core.reward.voting import vote
-    from rlhf_core.reward.train import pair_reward_diffs
     from rlhf_core.schemas import read_table
-    from rlhf_core.sim.metrics import accuracy_by_pair_type, agreement_by_strength_decile, flip_report, gold_eval_pairs
+    from rlhf_core.sim.metrics import agreement_by_strength_decile, flip_report, gold_eval_pairs
 
     cfg = RoundConfig(seed=seed, workdir=str(tmp / f"seed{seed}"))
     summary = rlhf_round(config=cfg)
@@ -175,32 +174,66 @@ def run_seed(seed: int, tmp: Path) -> dict:
         result["methods"][method] = rm_report(model, tok, eval_pairs, cfg.reward.train)
         print(seed, method, result["methods"][method], flush=True)
 
-    # MetaRM: the round's denoised pairs, the meta step on samples of the round's PPO policy
-    ppo_policy = art["ppo"]["path"]
-    train_prompts = sorted(pairs["prompt"].unique())
-    samples = policy_samples(ppo_policy, train_prompts, META_SAMPLES_PER_PROMPT, seed)
+    result.update(meta_section(art, pairs, eval_pairs, cfg, seed))
+    return result
+
+
+SCARCE_FRACTIONS = (0.25, 0.5)
+SCARCE_METHODS = ("baseline", "flip", "flip_margin", "soft_label_margin")
+
+
+def meta_section(art: dict, pairs, eval_pairs, cfg, seed: int) -> dict:
+    """Section 4: vanilla vs MetaRM on the round's denoised pairs, the meta step on samples of the
+    round's PPO policy; accuracy on gold pairs of the SFT policy and of the PPO policy."""
+    from rlhf_core.config import MetaRMConfig
+    from rlhf_core.reward.train import pair_reward_diffs, train_reward_model
+    from rlhf_core.schemas import read_table
+    from rlhf_core.sim.metrics import accuracy_by_pair_type, gold_eval_pairs
+
+    policy, ppo_policy = art["sft"]["path"], art["ppo"]["path"]
+    eval_prompts = read_table("prompts", Path(art["world"]["path"]) / "eval_prompts.parquet")["prompt"].tolist()
+    samples = policy_samples(ppo_policy, sorted(pairs["prompt"].unique()), META_SAMPLES_PER_PROMPT, seed)
     shifted_pairs = gold_eval_pairs(ppo_policy, eval_prompts, seed=seed, samples_per_prompt=8)
     denoised = read_table("denoised", Path(art["denoise"]["path"]) / "denoised.parquet")
-    result["n_shifted_eval_pairs"] = len(shifted_pairs)
-    result["meta_distinct_per_prompt"] = float(samples.groupby("prompt")["response"].nunique().mean())
+    out = {"n_shifted_eval_pairs": len(shifted_pairs),
+           "meta_distinct_per_prompt": float(samples.groupby("prompt")["response"].nunique().mean()), "meta": {}}
     for name, meta in META_RUNS.items():
         train_cfg = cfg.reward.train.model_copy(update={"meta": MetaRMConfig(**meta)})
         t0 = time.time()
         model, tok, report = train_reward_model(policy, denoised, train_cfg, seed=seed, meta_samples=samples)
         seconds = time.time() - t0
-        result.setdefault("meta", {})[name] = {
+        out["meta"][name] = {
             "sft": accuracy_by_pair_type(pair_reward_diffs(model, tok, eval_pairs, train_cfg.max_length), eval_pairs),
             "ppo": accuracy_by_pair_type(pair_reward_diffs(model, tok, shifted_pairs, train_cfg.max_length),
                                          shifted_pairs),
             "seconds": seconds,
             "meta_difference": report.get("meta_difference", float("nan")),
         }
-        print(seed, name, result["meta"][name], flush=True)
-    return result
+        print(seed, name, out["meta"][name], flush=True)
+    return out
 
 
-SCARCE_FRACTIONS = (0.25, 0.5)
-SCARCE_METHODS = ("baseline", "flip", "flip_margin", "soft_label_margin")
+SHIFT_PPO = {"kl_coef": 0.05, "ptx_coef": 0.0}  # a PPO that drifts: the distribution MetaRM is for
+
+
+def run_meta_shift(seed: int, workdir: Path) -> dict:
+    """Section 4b: section 4 against a policy shifted further, PPO with SHIFT_PPO (the round in `workdir`)."""
+    from flows.round import rlhf_round
+    from rlhf_core.config import RoundConfig
+    from rlhf_core.schemas import read_table
+    from rlhf_core.sim.metrics import gold_eval_pairs
+
+    cfg = RoundConfig(seed=seed, workdir=str(workdir))
+    cfg = cfg.model_copy(update={"ppo": cfg.ppo.model_copy(update=SHIFT_PPO)})
+    summary = rlhf_round(config=cfg, stop_after="evaluate")
+    art = summary["artifacts"]
+    pairs = read_table("comparisons", Path(art["import_annotations"]["path"]) / "comparisons.parquet")
+    eval_prompts = read_table("prompts", Path(art["world"]["path"]) / "eval_prompts.parquet")["prompt"].tolist()
+    eval_pairs = gold_eval_pairs(art["sft"]["path"], eval_prompts, seed=seed, samples_per_prompt=8)
+    headline = summary.get("headline", {})
+    return meta_section(art, pairs, eval_pairs, cfg, seed) | {
+        "kl": headline.get("KL(new policy || SFT)"), "gold_sft": headline.get("gold score, SFT"),
+        "gold_ppo": headline.get("gold score, new policy")}
 
 
 def run_scarce(seed: int, workdir: Path) -> dict:
@@ -335,6 +368,19 @@ def write_report(results: list[dict], out: Path, figure_dir: Path, seconds: floa
         cells = [_cell([x[d].get(k, float("nan")) for x in rows]) for d in ("sft", "ppo")
                  for k in ("all", "correctness_only")]
         lines.append(f"| {name} | " + " | ".join(cells) + f" | {_cell([x['seconds'] for x in rows])} |")
+    shift = [r["meta_shift"] for r in results]
+    lines += ["", f"### 4b. A policy shifted further: PPO with {SHIFT_PPO}", "",
+              f"The round re-run with that PPO (the rest of its config the default): KL to SFT "
+              f"{_cell([x['kl'] for x in shift])}, gold score SFT {_cell([x['gold_sft'] for x in shift])} -> PPO "
+              f"{_cell([x['gold_ppo'] for x in shift])}. Held-out gold pairs of that policy: "
+              f"{[x['n_shifted_eval_pairs'] for x in shift]}.", "",
+              "| reward model | SFT pairs, overall | SFT pairs, correctness only | PPO pairs, overall "
+              "| PPO pairs, correctness only | seconds |", "|---|---|---|---|---|---|"]
+    for name in META_RUNS:
+        rows = [x["meta"][name] for x in shift]
+        cells = [_cell([x[d].get(k, float("nan")) for x in rows]) for d in ("sft", "ppo")
+                 for k in ("all", "correctness_only")]
+        lines.append(f"| {name} | " + " | ".join(cells) + f" | {_cell([x['seconds'] for x in rows])} |")
     lines += ["", "## 5. When do the methods pay? A share of the pairs", "",
               "The same round's pairs subsampled at random, voted on (faithful, in-sample) and denoised; held-out "
               "gold accuracy of the reward model trained on each.", "",
@@ -376,7 +422,10 @@ def main() -> None:
         scarce = work / f"seed{seed}-scarce.json"
         if not scarce.exists():
             atomic_write_text(scarce, json.dumps(run_scarce(seed, work / f"round-seed{seed}"), indent=1))
-        results.append(result | {"scarce": json.loads(scarce.read_text())})
+        shift = work / f"seed{seed}-meta-shift.json"
+        if not shift.exists():
+            atomic_write_text(shift, json.dumps(run_meta_shift(seed, work / f"round-seed{seed}"), indent=1))
+        results.append(result | {"scarce": json.loads(scarce.read_text()), "meta_shift": json.loads(shift.read_text())})
     out = Path(args.out)
     write_report(results, out, out.parent / "figures", time.time() - start)
 
