@@ -17,7 +17,7 @@ annotators) in a fresh workdir, then, on those same pairs:
    gold pairs of the SFT policy and of the PPO policy (the shifted distribution).
 
 The round runs to the end (PPO included) in a fresh workdir per seed. Each finished seed is kept as JSON in --work-dir, so a killed run resumes with
-the next seed. Every table gives the mean over seeds and the min..max range. About 13 minutes per
+the next seed. Every table gives the mean over seeds and the min..max range. About 21 minutes per
 seed on 2 cores.
 """
 
@@ -285,6 +285,18 @@ def _cell(values) -> str:
     return f"{v.mean():.3f}" if len(v) == 1 else f"{v.mean():.3f} ({v.min():.3f}..{v.max():.3f})"
 
 
+def _meta_table(per_seed: list[dict]) -> list[str]:
+    """Markdown rows of a MetaRM section: each run's accuracy on the SFT and the PPO policy's pairs."""
+    lines = ["| reward model | SFT pairs, overall | SFT pairs, correctness only | PPO pairs, overall "
+             "| PPO pairs, correctness only | seconds |", "|---|---|---|---|---|---|"]
+    for name in META_RUNS:
+        rows = [meta[name] for meta in per_seed]
+        cells = [_cell([x[d].get(k, float("nan")) for x in rows]) for d in ("sft", "ppo")
+                 for k in ("all", "correctness_only")]
+        lines.append(f"| {name} | " + " | ".join(cells) + f" | {_cell([x['seconds'] for x in rows])} |")
+    return lines
+
+
 def write_report(results: list[dict], out: Path, figure_dir: Path, seconds: float) -> None:
     import numpy as np
     import torch
@@ -297,8 +309,8 @@ def write_report(results: list[dict], out: Path, figure_dir: Path, seconds: floa
         "",
         f"Measured {datetime.now(timezone.utc):%Y-%m-%d} by `benchmarks/reward_modelling.py`, seeds {seeds}, "
         f"{os.cpu_count()} cores ({platform.machine()}), torch {torch.__version__}, no GPU; this invocation "
-        f"{seconds / 60:.0f} min (seeds finished earlier are read from --work-dir; all sections of one seed take "
-        "about 13 min).",
+        f"{seconds / 60:.0f} min (seeds finished earlier are read from --work-dir; one seed "
+        "takes about 13 min for sections 1-4 and 4 min each for 4b and 5).",
         f"Pairs per seed: {[r['n_pairs'] for r in results]} annotated; held-out gold pairs: "
         f"{[r['n_eval_pairs'] for r in results]}. Cells: mean over seeds (min..max). Gold-tied pairs are left out "
         "of every agreement and accuracy.",
@@ -361,26 +373,14 @@ def write_report(results: list[dict], out: Path, figure_dir: Path, seconds: floa
               f"({_cell([r['meta_distinct_per_prompt'] for r in results])} distinct). Held-out gold pairs: "
               f"{[r['n_eval_pairs'] for r in results]} of the SFT policy, {[r['n_shifted_eval_pairs'] for r in results]} "
               "of the PPO policy.", "",
-              "| reward model | SFT pairs, overall | SFT pairs, correctness only | PPO pairs, overall "
-              "| PPO pairs, correctness only | seconds |", "|---|---|---|---|---|---|"]
-    for name in META_RUNS:
-        rows = [r["meta"][name] for r in results]
-        cells = [_cell([x[d].get(k, float("nan")) for x in rows]) for d in ("sft", "ppo")
-                 for k in ("all", "correctness_only")]
-        lines.append(f"| {name} | " + " | ".join(cells) + f" | {_cell([x['seconds'] for x in rows])} |")
+              *_meta_table([r["meta"] for r in results])]
     shift = [r["meta_shift"] for r in results]
     lines += ["", f"### 4b. A policy shifted further: PPO with {SHIFT_PPO}", "",
               f"The round re-run with that PPO (the rest of its config the default): KL to SFT "
               f"{_cell([x['kl'] for x in shift])}, gold score SFT {_cell([x['gold_sft'] for x in shift])} -> PPO "
               f"{_cell([x['gold_ppo'] for x in shift])}. Held-out gold pairs of that policy: "
               f"{[x['n_shifted_eval_pairs'] for x in shift]}.", "",
-              "| reward model | SFT pairs, overall | SFT pairs, correctness only | PPO pairs, overall "
-              "| PPO pairs, correctness only | seconds |", "|---|---|---|---|---|---|"]
-    for name in META_RUNS:
-        rows = [x["meta"][name] for x in shift]
-        cells = [_cell([x[d].get(k, float("nan")) for x in rows]) for d in ("sft", "ppo")
-                 for k in ("all", "correctness_only")]
-        lines.append(f"| {name} | " + " | ".join(cells) + f" | {_cell([x['seconds'] for x in rows])} |")
+              *_meta_table([x["meta"] for x in shift])]
     lines += ["", "## 5. When do the methods pay? A share of the pairs", "",
               "The same round's pairs subsampled at random, voted on (faithful, in-sample) and denoised; held-out "
               "gold accuracy of the reward model trained on each.", "",
