@@ -424,9 +424,20 @@ class PPOConfig(StrictModel):
     vf_coef: float = Field(0.5, ge=0)
     clip_vloss: bool = Field(True, description="value-loss clipping")
     value_clip: float = Field(0.2, gt=0)
+    kl_target: float | None = Field(
+        None, gt=0, description="adaptive KL (InstructGPT's controller): steer the mean per-sequence KL to this "
+        "target, starting from kl_coef; None = a fixed kl_coef (PPO-max)",
+    )
+    kl_horizon: int = Field(10000, ge=1, description="adaptive KL: the controller's horizon, in sequences")
     reward_norm: bool = Field(True, description="normalise rewards with running mean/std")
-    reward_clip: float = Field(5.0, gt=0, description="clip normalised rewards to [-c, c]")
+    reward_scaling: bool = Field(
+        False, description="divide rewards by their running std without centring (Engstrom et al.); "
+        "the alternative to reward_norm, not with it",
+    )
+    reward_clip: float = Field(5.0, gt=0, description="clip normalised (or scaled) rewards to [-c, c]")
     norm_adv: bool = Field(True, description="whiten advantages per batch")
+    adv_clip: float | None = Field(None, gt=0, description="clip the (whitened) advantages to [-c, c]; None = off")
+    ent_coef: float = Field(0.0, ge=0, description="entropy bonus: the policy loss minus ent_coef * entropy (0 = off)")
     max_grad_norm: float = Field(1.0, gt=0, description="global gradient clipping")
     critic_warmup_iterations: int = Field(2, ge=0, description="train the critic alone first")
     critic_from_reward_model: bool = Field(True, description="initialise the critic from the reward model")
@@ -434,6 +445,12 @@ class PPOConfig(StrictModel):
         0.0, ge=0, description="weight of the LM loss on pretraining/SFT data mixed into the policy loss (0 = off)"
     )
     ptx_batch_size: int = Field(16, ge=1)
+
+    @model_validator(mode="after")
+    def _one_reward_transform(self) -> PPOConfig:
+        if self.reward_norm and self.reward_scaling:
+            raise ValueError("ppo.reward_norm and ppo.reward_scaling are alternatives: set one of them false")
+        return self
 
 
 class EvalConfig(StrictModel):

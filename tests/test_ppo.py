@@ -10,12 +10,14 @@ from rlhf_core import models
 from rlhf_core.config import PolicyModelConfig, PPOConfig
 from rlhf_core.generation.sampler import decode_responses, response_mask_from_ids, sample_batch
 from rlhf_core.ppo.core import (
+    AdaptiveKLController,
     RunningMoments,
     explained_variance,
     gae,
     kl_penalty,
     normalize_and_clip,
     policy_loss,
+    scale_and_clip,
     token_rewards,
     value_loss,
 )
@@ -118,6 +120,28 @@ def test_normalize_and_clip():
     seen = np.array([1.0, 2.0, 3.0, 100.0])
     expected = np.clip((seen - seen.mean()) / seen.std(), -1.5, 1.5)
     assert torch.allclose(out, torch.tensor(expected, dtype=torch.float32))
+
+
+def test_scale_and_clip_divides_by_the_running_std_without_centring():
+    moments = RunningMoments()
+    out = scale_and_clip(torch.tensor([1.0, 2.0, 3.0, 100.0]), moments, clip=1.5)
+    seen = np.array([1.0, 2.0, 3.0, 100.0])
+    assert torch.allclose(out, torch.tensor(np.clip(seen / seen.std(), -1.5, 1.5), dtype=torch.float32))
+    assert out[0] > 0  # not centred: a positive score stays positive
+
+
+def test_adaptive_kl_controller_by_hand():
+    control = AdaptiveKLController(init_coef=0.1, target=6.0, horizon=10000)
+    assert control.update(current_kl=12.0, n_steps=1000) == pytest.approx(0.1 * (1 + 0.2 * 0.1))  # error clipped
+    assert control.update(current_kl=5.4, n_steps=1000) == pytest.approx(0.102 * (1 - 0.1 * 0.1))  # 5.4/6 - 1
+    with pytest.raises(ValueError, match="target > 0"):
+        AdaptiveKLController(0.1, 0.0, 100)
+
+
+def test_ppo_config_takes_one_reward_transform():
+    with pytest.raises(ValueError, match="alternatives"):
+        PPOConfig(reward_norm=True, reward_scaling=True)
+    PPOConfig(reward_norm=False, reward_scaling=True)
 
 
 # ---------------------------------------------------------------- losses
@@ -280,7 +304,8 @@ def test_train_ppo_raises_the_score(tiny_policy_dir):
     assert seen == history and [m["iteration"] for m in history] == list(range(15))
     assert set(history[0]) == {
         "objective/score", "objective/kl", "objective/entropy", "policy/approx_kl", "policy/clipfrac",
-        "loss/policy", "loss/ptx", "loss/value", "value/explained_variance", "value/error", "response/length", "iteration",
+        "loss/policy", "loss/ptx", "loss/entropy_bonus", "loss/value", "value/explained_variance", "value/error",
+        "response/length", "objective/kl_coef", "iteration",
     }  # fmt: skip
     scores = [m["objective/score"] for m in history]
     # a random byte policy starts near 26/259 ~ 0.1; after PPO it writes mostly lowercase
@@ -335,3 +360,33 @@ def test_ptx_loss_pulls_the_policy_towards_its_pretraining_data(tiny_policy_dir)
                               ptx_examples=data)
     ptx = [m["loss/ptx"] for m in history]
     assert all(v > 0 for v in ptx) and ptx[-1] < 0.5 * ptx[0], ptx
+
+
+def test_new_switches_adaptive_kl_entropy_bonus_and_advantage_clip_run(tiny_policy_dir):
+    """kl_target moves the coefficient between iterations; ent_coef and adv_clip enter the update."""
+    cfg = PPOConfig(
+        iterations=3, rollout_prompts=4, max_new_tokens=6, mini_batch_size=4, critic_warmup_iterations=0,
+        kl_coef=0.1, kl_target=0.001, kl_horizon=10, reward_norm=False, reward_scaling=True, adv_clip=0.5,
+        ent_coef=0.01, policy_lr=1e-2,
+    )  # fmt: skip
+    _, _, history = train_ppo(tiny_policy_dir, lowercase_fraction, ["a", "b", "c"], cfg, seed=3)
+    coefs = [m["objective/kl_coef"] for m in history]
+    assert coefs[0] == 0.1 and history[0]["objective/kl"] == 0.0
+    # the first rollout's KL is 0, below the target: error -0.2 over 8 sequences (4 prompts x 2), horizon 10
+    assert coefs[1] == pytest.approx(0.1 * (1 - 0.2 * 8 / 10))
+    assert all(m["loss/entropy_bonus"] > 0 for m in history)
+
+
+def test_advantage_clip_bounds_the_whitened_advantages():
+    from types import SimpleNamespace
+
+    from rlhf_core.ppo.trainer import compute_advantages
+
+    torch.manual_seed(0)
+    mask = torch.tensor([[1, 1, 1, 0], [1, 1, 1, 1]])
+    exp = SimpleNamespace(response_mask=mask, scores=torch.tensor([3.0, -1.0]), logp=torch.randn(2, 4),
+                          ref_logp=torch.randn(2, 4), values=torch.zeros(2, 4))
+    plain = compute_advantages(SimpleNamespace(**vars(exp)), RunningMoments(), PPOConfig())
+    clipped = compute_advantages(SimpleNamespace(**vars(exp)), RunningMoments(), PPOConfig(adv_clip=0.5))
+    assert plain.advantages.abs().max() > 0.5
+    assert torch.equal(clipped.advantages, plain.advantages.clamp(-0.5, 0.5) * mask)

@@ -1,4 +1,5 @@
-"""PPO-max as pure functions of tensors: KL penalty, token rewards, GAE, running moments, losses.
+"""PPO-max as pure functions of tensors: KL penalty (fixed or adaptive), token rewards, reward
+normalisation or scaling, GAE, running moments, losses.
 
 Shapes: B sequences, T response tokens. `mask` (B, T) is the response mask: 1 on the response
 tokens up to and including eos, 0 on the padding after it. Every function here ignores masked
@@ -102,6 +103,33 @@ def normalize_and_clip(
     moments.update(scores)
     normalized = (scores - moments.mean) / max(moments.std, eps)
     return normalized.clamp(-clip, clip)
+
+
+def scale_and_clip(scores: torch.Tensor, moments: RunningMoments, clip: float, eps: float = 1e-8) -> torch.Tensor:
+    """Reward scaling (Engstrom et al., "Implementation matters"; Part I's alternative to
+    normalisation): update the running moments, then clip(s / std, -clip, clip), not centred. (B,) -> (B,)."""
+    moments.update(scores)
+    return (scores / max(moments.std, eps)).clamp(-clip, clip)
+
+
+class AdaptiveKLController:
+    """InstructGPT's KL coefficient controller (Ziegler et al. 2019): steer the KL towards a target.
+
+        error = clip(KL / target - 1, -0.2, 0.2)
+        coef  = coef * (1 + error * n_steps / horizon)
+
+    KL is the batch's mean per-sequence KL to the reference, n_steps the number of sequences.
+    """
+
+    def __init__(self, init_coef: float, target: float, horizon: int) -> None:
+        if target <= 0 or horizon <= 0:
+            raise ValueError(f"adaptive KL needs target > 0 and horizon > 0, got {target} and {horizon}")
+        self.value, self.target, self.horizon = init_coef, target, horizon
+
+    def update(self, current_kl: float, n_steps: int) -> float:
+        error = min(max(current_kl / self.target - 1.0, -0.2), 0.2)
+        self.value *= 1.0 + error * n_steps / self.horizon
+        return self.value
 
 
 # ---------------------------------------------------------------- advantages

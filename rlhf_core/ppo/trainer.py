@@ -25,11 +25,13 @@ from rlhf_core.generation.sampler import sample_batch
 from rlhf_core.models import format_query, load_policy, load_reward_model, load_tokenizer
 from rlhf_core.ops import entropy_from_logits, logprobs_from_logits, masked_mean, masked_whiten
 from rlhf_core.ppo.core import (
+    AdaptiveKLController,
     RunningMoments,
     explained_variance,
     gae,
     normalize_and_clip,
     policy_loss,
+    scale_and_clip,
     token_rewards,
     value_loss,
 )
@@ -135,15 +137,25 @@ def rollout(policy, reference, critic, tokenizer, reward_fn: RewardFn, prompts, 
     )
 
 
-def compute_advantages(exp: Experience, moments: RunningMoments, cfg: PPOConfig) -> Experience:
-    """Token rewards (score at eos, KL penalty everywhere), GAE, optional whitening. Fills `exp`."""
+def compute_advantages(exp: Experience, moments: RunningMoments, cfg: PPOConfig,
+                       kl_coef: float | None = None) -> Experience:
+    """Token rewards (score at eos, KL penalty everywhere), GAE, optional whitening and clipping.
+
+    The score is normalised (reward_norm) or scaled (reward_scaling) with the running moments;
+    kl_coef (the adaptive controller's value) overrides cfg.kl_coef. Fills `exp`.
+    """
     mask, scores = exp.response_mask, exp.scores
     if cfg.reward_norm:
         scores = normalize_and_clip(scores, moments, cfg.reward_clip)
-    rewards, exp.kl = token_rewards(scores, exp.logp, exp.ref_logp, mask, cfg.kl_coef, cfg.kl_estimator)
+    elif cfg.reward_scaling:
+        scores = scale_and_clip(scores, moments, cfg.reward_clip)
+    coef = cfg.kl_coef if kl_coef is None else kl_coef
+    rewards, exp.kl = token_rewards(scores, exp.logp, exp.ref_logp, mask, coef, cfg.kl_estimator)
     exp.advantages, exp.returns = gae(rewards, exp.values, mask, cfg.gamma, cfg.lam)
     if cfg.norm_adv:
         exp.advantages = masked_whiten(exp.advantages, mask) * mask
+    if cfg.adv_clip is not None:
+        exp.advantages = exp.advantages.clamp(-cfg.adv_clip, cfg.adv_clip) * mask
     return exp
 
 
@@ -157,13 +169,16 @@ def _step(loss: torch.Tensor, model: nn.Module, optimizer: torch.optim.Optimizer
 def policy_step(policy, optimizer, mb: Experience, cfg: PPOConfig, ptx_batch=None) -> dict[str, float]:
     """One clipped-surrogate step on a minibatch, plus cfg.ptx_coef * the LM loss on a batch of
     pretraining (SFT) examples when one is given (PPO-max's ptx term)."""
-    logp = logprobs_from_logits(response_logits(policy, mb, cfg.temperature), mb.response_ids)  # (b, T)
+    logits = response_logits(policy, mb, cfg.temperature)  # (b, T, V)
+    logp = logprobs_from_logits(logits, mb.response_ids)  # (b, T)
     pg_loss, metrics = policy_loss(logp, mb.logp, mb.advantages, mb.response_mask, cfg.clip_coef)
     ptx_loss = policy(**ptx_batch).loss if ptx_batch is not None else torch.zeros(())
-    _step(pg_loss + cfg.ptx_coef * ptx_loss, policy, optimizer, cfg.max_grad_norm)
+    entropy = masked_mean(entropy_from_logits(logits), mb.response_mask) if cfg.ent_coef else torch.zeros(())
+    _step(pg_loss - cfg.ent_coef * entropy + cfg.ptx_coef * ptx_loss, policy, optimizer, cfg.max_grad_norm)
     return {
         "loss/policy": pg_loss.item(),
         "loss/ptx": ptx_loss.item(),
+        "loss/entropy_bonus": cfg.ent_coef * entropy.item(),
         "policy/approx_kl": metrics["approx_kl"],
         "policy/clipfrac": metrics["clipfrac"],
     }
@@ -207,6 +222,7 @@ def iteration_metrics(exp: Experience, update_stats: dict[str, float], iteration
         "policy/clipfrac": update_stats.get("policy/clipfrac", 0.0),
         "loss/policy": update_stats.get("loss/policy", 0.0),
         "loss/ptx": update_stats.get("loss/ptx", 0.0),
+        "loss/entropy_bonus": update_stats.get("loss/entropy_bonus", 0.0),
         "loss/value": update_stats["loss/value"],
         "value/explained_variance": explained_variance(exp.values, exp.returns, mask),
         "value/error": update_stats["value/error"],
@@ -261,6 +277,7 @@ def train_ppo(
     policy_opt = torch.optim.AdamW(policy.parameters(), lr=cfg.policy_lr)
     critic_opt = torch.optim.AdamW(critic.parameters(), lr=cfg.critic_lr)
     moments = RunningMoments()
+    kl_control = None if cfg.kl_target is None else AdaptiveKLController(cfg.kl_coef, cfg.kl_target, cfg.kl_horizon)
     batches = prompt_batches(list(prompts), cfg.rollout_prompts, np.random.default_rng(seed))
     gen = torch.Generator().manual_seed(seed)  # minibatch shuffles
     ptx_batches = None
@@ -273,10 +290,13 @@ def train_ppo(
         batch = [p for p in next(batches) for _ in range(cfg.responses_per_prompt)]
         sample_seed = seed * 1_000_003 + it  # a different draw each iteration, reproducible
         exp = rollout(policy, reference, critic, tokenizer, reward_fn, batch, cfg, sample_seed)
-        exp = compute_advantages(exp, moments, cfg)
+        kl_coef = cfg.kl_coef if kl_control is None else kl_control.value
+        exp = compute_advantages(exp, moments, cfg, kl_coef)
         train_policy = it >= cfg.critic_warmup_iterations  # PPO-max: critic alone first
         stats = update(policy, critic, policy_opt, critic_opt, exp, cfg, train_policy, gen, ptx_batches)
-        metrics = iteration_metrics(exp, stats, it)
+        metrics = iteration_metrics(exp, stats, it) | {"objective/kl_coef": kl_coef}
+        if kl_control is not None:  # the next rollout's coefficient, from this one's KL
+            kl_control.update(metrics["objective/kl"], n_steps=exp.response_ids.shape[0])
         history.append(metrics)
         if on_iteration is not None:
             on_iteration(metrics)
