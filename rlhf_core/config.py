@@ -403,9 +403,24 @@ class RewardConfig(StrictModel):
     )
 
 
-class PPOConfig(StrictModel):
-    """PPO with a token-level KL penalty. Each trick is a named switch (PPO-max defaults)."""
+# The switches a preset sets; "ppo-max" is filled in below the class with their field defaults.
+PPO_PRESETS: dict[str, dict[str, Any]] = {
+    "vanilla": {"kl_coef": 0.0, "reward_norm": False, "reward_scaling": False, "clip_vloss": False, "norm_adv": False,
+                "critic_warmup_iterations": 0, "ptx_coef": 0.0},
+}
 
+
+class PPOConfig(StrictModel):
+    """PPO with a token-level KL penalty. Each trick is a named switch (PPO-max defaults).
+
+    `preset` fills the switches not given explicitly: "ppo-max" (the defaults below) or "vanilla"
+    (no KL penalty, no reward normalisation or clipping, no value clipping, no advantage
+    whitening, no critic warm-up, no ptx). A switch given explicitly always wins."""
+
+    preset: Literal["ppo-max", "vanilla"] = Field(
+        "ppo-max", description="ppo-max: every trick at its paper default; vanilla: kl_coef 0, reward_norm false, "
+        "clip_vloss false, norm_adv false, critic_warmup_iterations 0, ptx_coef 0. Keys set explicitly override it",
+    )
     iterations: int = Field(30, ge=1, description="rollout + update rounds")
     rollout_prompts: int = Field(32, ge=1, description="prompts per rollout")
     responses_per_prompt: int = Field(2, ge=1, description="PPO-max samples two responses per query")
@@ -446,11 +461,21 @@ class PPOConfig(StrictModel):
     )
     ptx_batch_size: int = Field(16, ge=1)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _apply_preset(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "preset" in data and data["preset"] in PPO_PRESETS:
+            return {**PPO_PRESETS[data["preset"]], **data}
+        return data  # an unknown preset name is reported by the field's own check
+
     @model_validator(mode="after")
     def _one_reward_transform(self) -> PPOConfig:
         if self.reward_norm and self.reward_scaling:
             raise ValueError("ppo.reward_norm and ppo.reward_scaling are alternatives: set one of them false")
         return self
+
+
+PPO_PRESETS["ppo-max"] = {key: PPOConfig.model_fields[key].default for key in PPO_PRESETS["vanilla"]}
 
 
 class EvalConfig(StrictModel):
@@ -521,6 +546,8 @@ def _format_errors(err: ValidationError, source: str) -> str:
 def deep_merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
     """`update` over `base`, section by section; a value that is not a mapping replaces."""
     out = dict(base)
+    if update.get("preset") in PPO_PRESETS:  # a preset replaces the base's values of the switches it sets;
+        out.update(PPO_PRESETS[update["preset"]])  # keys given beside it in `update` still win
     for key, value in update.items():
         if isinstance(value, dict) and isinstance(out.get(key), dict):
             out[key] = deep_merge(out[key], value)

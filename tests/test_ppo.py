@@ -1,6 +1,7 @@
 """PPO-max: core formulas on hand-computed tensors, the sampler, and the trainer end to end."""
 
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -390,3 +391,26 @@ def test_advantage_clip_bounds_the_whitened_advantages():
     clipped = compute_advantages(SimpleNamespace(**vars(exp)), RunningMoments(), PPOConfig(adv_clip=0.5))
     assert plain.advantages.abs().max() > 0.5
     assert torch.equal(clipped.advantages, plain.advantages.clamp(-0.5, 0.5) * mask)
+
+
+def test_presets_fill_the_switches_not_given_and_explicit_keys_win():
+    from rlhf_core.config import PPO_PRESETS, RoundConfig, load_config
+
+    assert PPOConfig() == PPOConfig(preset="ppo-max")  # the defaults are PPO-max
+    vanilla = PPOConfig(preset="vanilla")
+    assert (vanilla.kl_coef, vanilla.reward_norm, vanilla.clip_vloss, vanilla.norm_adv,
+            vanilla.critic_warmup_iterations, vanilla.ptx_coef) == (0.0, False, False, False, 0, 0.0)
+    assert PPOConfig(preset="vanilla", norm_adv=True).norm_adv is True  # still overridable
+    assert PPOConfig.model_validate_json(vanilla.model_dump_json()) == vanilla  # a dump reloads to itself
+    assert set(PPO_PRESETS) == {"ppo-max", "vanilla"}
+    with pytest.raises(ValueError, match="preset"):
+        PPOConfig(preset="trl")
+    # through a config file and --set, as the CLI and the UI form give it: the preset replaces the round's
+    # own values of its switches (the demo's kl_coef 1.0 and ptx 1.0), other keys stay the round's
+    mini = Path(__file__).parents[1] / "configs" / "mini.yaml"
+    cfg = load_config(mini, overrides=["ppo.preset=vanilla"])
+    assert isinstance(cfg, RoundConfig) and (cfg.ppo.kl_coef, cfg.ppo.ptx_coef, cfg.ppo.iterations) == (0.0, 0.0, 3)
+    cfg = load_config(mini, overrides=["ppo.preset=vanilla", "ppo.norm_adv=true"])
+    assert cfg.ppo.norm_adv is True and cfg.ppo.reward_norm is False
+    paper = load_config(mini, overrides=["ppo.preset=ppo-max"]).ppo
+    assert (paper.kl_coef, paper.ptx_coef, paper.norm_adv) == (PPOConfig().kl_coef, 0.0, True)
