@@ -306,8 +306,12 @@ def test_train_ppo_raises_the_score(tiny_policy_dir):
     assert set(history[0]) == {
         "objective/score", "objective/kl", "objective/entropy", "policy/approx_kl", "policy/clipfrac",
         "loss/policy", "loss/ptx", "loss/entropy_bonus", "loss/value", "value/explained_variance", "value/error",
-        "response/length", "objective/kl_coef", "iteration",
+        "response/length", "objective/kl_coef", "iteration", "objective/score_shaped", "objective/return",
+        "objective/perplexity", "value/clipfrac", "lr/policy", "lr/critic",
     }  # fmt: skip
+    assert all(m["lr/policy"] == cfg.policy_lr and m["lr/critic"] == cfg.critic_lr for m in history)
+    assert all(m["objective/perplexity"] >= 1.0 for m in history)
+    assert all(abs(m["objective/score_shaped"]) <= cfg.reward_clip for m in history)
     scores = [m["objective/score"] for m in history]
     # a random byte policy starts near 26/259 ~ 0.1; after PPO it writes mostly lowercase
     assert np.mean(scores[-3:]) > np.mean(scores[:3]) + 0.3, scores

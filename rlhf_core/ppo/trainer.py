@@ -87,6 +87,7 @@ class Experience:
     advantages: torch.Tensor | None = None  # filled by compute_advantages
     returns: torch.Tensor | None = None
     kl: torch.Tensor | None = None
+    shaped_scores: torch.Tensor | None = None  # (B,) the scores after normalisation / scaling and clipping
 
     def minibatch(self, idx: torch.Tensor) -> "Experience":
         return Experience(**{k: (v[idx] if v is not None else None) for k, v in vars(self).items()})
@@ -149,6 +150,7 @@ def compute_advantages(exp: Experience, moments: RunningMoments, cfg: PPOConfig,
         scores = normalize_and_clip(scores, moments, cfg.reward_clip)
     elif cfg.reward_scaling:
         scores = scale_and_clip(scores, moments, cfg.reward_clip)
+    exp.shaped_scores = scores
     coef = cfg.kl_coef if kl_coef is None else kl_coef
     rewards, exp.kl = token_rewards(scores, exp.logp, exp.ref_logp, mask, coef, cfg.kl_estimator)
     exp.advantages, exp.returns = gae(rewards, exp.values, mask, cfg.gamma, cfg.lam)
@@ -191,7 +193,7 @@ def critic_step(critic, optimizer, mb: Experience, cfg: PPOConfig) -> dict[str, 
         values, mb.values, mb.returns, mb.response_mask, cfg.value_clip, cfg.clip_vloss
     )
     _step(cfg.vf_coef * v_loss, critic, optimizer, cfg.max_grad_norm)
-    return {"loss/value": v_loss.item(), "value/error": metrics["error"]}
+    return {"loss/value": v_loss.item(), "value/error": metrics["error"], "value/clipfrac": metrics["clipfrac"]}
 
 
 def update(policy, critic, policy_opt, critic_opt, exp: Experience, cfg: PPOConfig, train_policy: bool, gen,
@@ -216,6 +218,10 @@ def iteration_metrics(exp: Experience, update_stats: dict[str, float], iteration
     mask = exp.response_mask.float()
     return {
         "objective/score": exp.scores.mean().item(),
+        "objective/score_shaped": exp.shaped_scores.mean().item(),
+        "objective/return": exp.returns[:, 0].mean().item(),  # the return from each response's first token
+        # of the sampled responses under the policy that sampled them (Part I watches it for collapse)
+        "objective/perplexity": torch.exp(-masked_mean(exp.logp, mask)).item(),
         "objective/kl": exp.kl.sum(1).mean().item(),
         "objective/entropy": masked_mean(exp.entropy, mask).item(),
         "policy/approx_kl": update_stats.get("policy/approx_kl", 0.0),
@@ -226,6 +232,7 @@ def iteration_metrics(exp: Experience, update_stats: dict[str, float], iteration
         "loss/value": update_stats["loss/value"],
         "value/explained_variance": explained_variance(exp.values, exp.returns, mask),
         "value/error": update_stats["value/error"],
+        "value/clipfrac": update_stats["value/clipfrac"],
         "response/length": mask.sum(1).mean().item(),
         "iteration": iteration,
     }
@@ -294,7 +301,9 @@ def train_ppo(
         exp = compute_advantages(exp, moments, cfg, kl_coef)
         train_policy = it >= cfg.critic_warmup_iterations  # PPO-max: critic alone first
         stats = update(policy, critic, policy_opt, critic_opt, exp, cfg, train_policy, gen, ptx_batches)
-        metrics = iteration_metrics(exp, stats, it) | {"objective/kl_coef": kl_coef}
+        metrics = iteration_metrics(exp, stats, it) | {"objective/kl_coef": kl_coef,
+                                                        "lr/policy": policy_opt.param_groups[0]["lr"],
+                                                        "lr/critic": critic_opt.param_groups[0]["lr"]}
         if kl_control is not None:  # the next rollout's coefficient, from this one's KL
             kl_control.update(metrics["objective/kl"], n_steps=exp.response_ids.shape[0])
         history.append(metrics)
