@@ -78,21 +78,14 @@ META_RUNS = {  # name -> reward.train.meta overrides
 META_SAMPLES_PER_PROMPT = 8  # drawn from the PPO policy per training prompt; the meta step takes k of them
 
 
-def policy_samples(policy_dir, prompts: list[str], n: int, seed: int):
+def meta_samples(policy_dir, prompts: list[str], n: int, seed: int):
     """(prompt, response): n samples at temperature 1 of the policy for every prompt."""
     import pandas as pd
 
-    from rlhf_core import models
-    from rlhf_core.generation.sampler import sample_batch
+    from rlhf_core.sim.metrics import policy_samples
 
-    model, tokenizer = models.load_policy(policy_dir), models.load_tokenizer(policy_dir)
-    queries = [models.format_query(tokenizer, p) for p in prompts]
-    rows = []
-    for k in range(n):
-        texts = sample_batch(model, tokenizer, queries, max_new_tokens=24, temperature=1.0,
-                             generator_seed=seed * 104729 + k).texts
-        rows += [{"prompt": p, "response": t} for p, t in zip(prompts, texts)]
-    return pd.DataFrame(rows)
+    draws = policy_samples(policy_dir, prompts, [seed * 104729 + k for k in range(n)])
+    return pd.DataFrame([{"prompt": p, "response": t} for texts in draws for p, t in zip(prompts, texts)])
 
 
 def rm_report(model, tokenizer, eval_pairs, cfg) -> dict:
@@ -192,7 +185,7 @@ def meta_section(art: dict, pairs, eval_pairs, cfg, seed: int) -> dict:
 
     policy, ppo_policy = art["sft"]["path"], art["ppo"]["path"]
     eval_prompts = read_table("prompts", Path(art["world"]["path"]) / "eval_prompts.parquet")["prompt"].tolist()
-    samples = policy_samples(ppo_policy, sorted(pairs["prompt"].unique()), META_SAMPLES_PER_PROMPT, seed)
+    samples = meta_samples(ppo_policy, sorted(pairs["prompt"].unique()), META_SAMPLES_PER_PROMPT, seed)
     shifted_pairs = gold_eval_pairs(ppo_policy, eval_prompts, seed=seed, samples_per_prompt=8)
     denoised = read_table("denoised", Path(art["denoise"]["path"]) / "denoised.parquet")
     out = {"n_shifted_eval_pairs": len(shifted_pairs),

@@ -122,19 +122,23 @@ def mean_gold(prompts, responses) -> float:
     return float(np.mean([gold_score(p, r) for p, r in zip(prompts, responses)]))
 
 
-def gold_eval_pairs(policy_dir, prompts: list[str], seed: int, samples_per_prompt: int = 4,
-                    max_new_tokens: int = 24) -> pd.DataFrame:
-    """Held-out pairs labelled by gold: the policy's samples paired up per prompt, gold ties dropped."""
+def policy_samples(policy_dir, prompts: list[str], generator_seeds: list[int], max_new_tokens: int = 24
+                   ) -> list[list[str]]:
+    """One sample at temperature 1 of the policy per prompt for each generator seed: [seed][prompt]."""
     from rlhf_core import models
     from rlhf_core.generation.sampler import sample_batch
 
     model, tokenizer = models.load_policy(policy_dir), models.load_tokenizer(policy_dir)
     queries = [models.format_query(tokenizer, p) for p in prompts]
-    samples = [
-        sample_batch(model, tokenizer, queries, max_new_tokens=max_new_tokens, temperature=1.0,
-                     generator_seed=seed * 7919 + k).texts
-        for k in range(samples_per_prompt)
-    ]
+    return [sample_batch(model, tokenizer, queries, max_new_tokens=max_new_tokens, temperature=1.0,
+                         generator_seed=s).texts for s in generator_seeds]
+
+
+def gold_eval_pairs(policy_dir, prompts: list[str], seed: int, samples_per_prompt: int = 4,
+                    max_new_tokens: int = 24) -> pd.DataFrame:
+    """Held-out pairs labelled by gold: the policy's samples paired up per prompt, gold ties dropped."""
+    samples = policy_samples(policy_dir, prompts, [seed * 7919 + k for k in range(samples_per_prompt)],
+                             max_new_tokens)
     rows = []
     for i, prompt in enumerate(prompts):
         for k in range(0, samples_per_prompt - 1, 2):

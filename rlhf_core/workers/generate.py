@@ -19,11 +19,10 @@ from pathlib import Path
 
 import pandas as pd
 
-from rlhf_core.artifacts import atomic_write_text
 from rlhf_core.config import GenerationConfig
 from rlhf_core.generation.generators import read_generators
 from rlhf_core.generation.shards import generate_plan_shards, n_shards
-from rlhf_core.workers.ranks import start_ranks, worker_parser
+from rlhf_core.workers.ranks import finish_ranks, start_ranks, worker_parser
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -47,11 +46,9 @@ def main(argv: list[str] | None = None) -> None:
                          batch_size=cfg.batch_size, backend="hf", rank=rank, world_size=world_size,
                          shard_size=cfg.shard_size, device=accelerator.device,
                          progress=args.progress and accelerator.is_main_process)
-    accelerator.wait_for_everyone()
     if accelerator.is_main_process:
-        atomic_write_text(shard_dir / "world_size.txt", f"{world_size}\n")
         print(f"n_shards={n_shards(len(prompts), cfg.shard_size)} world_size={world_size}", flush=True)
-    accelerator.end_training()  # destroys the process group cleanly
+    finish_ranks(accelerator, shard_dir)
 
 
 if __name__ == "__main__":

@@ -1,12 +1,16 @@
-"""What every worker shares: the common arguments, joining the ranks accelerate started, sharing the cores."""
+"""What every worker shares: the common arguments, joining the ranks accelerate started (sharing the
+cores), and leaving them with the world-size marker the launching task reads."""
 
 from __future__ import annotations
 
 import argparse
 import os
+from pathlib import Path
 
 import torch
 from accelerate import Accelerator
+
+from rlhf_core.artifacts import atomic_write_text
 
 
 def start_ranks() -> Accelerator:
@@ -29,3 +33,12 @@ def worker_parser(description: str, config_help: str) -> argparse.ArgumentParser
     p.add_argument("--seed", type=int, required=True)
     p.add_argument("--progress", action="store_true", help="a progress bar on the main process")
     return p
+
+
+def finish_ranks(accelerator: Accelerator, out_dir: str | Path) -> None:
+    """Wait for every rank; the main process then writes out_dir/world_size.txt (so the task can tell
+    a real group from lone processes); then leave the process group cleanly."""
+    accelerator.wait_for_everyone()
+    if accelerator.is_main_process:
+        atomic_write_text(Path(out_dir) / "world_size.txt", f"{accelerator.num_processes}\n")
+    accelerator.end_training()

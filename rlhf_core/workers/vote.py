@@ -18,10 +18,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from rlhf_core.artifacts import atomic_write_text
 from rlhf_core.config import VotingConfig
 from rlhf_core.reward.voting import run_voters
-from rlhf_core.workers.ranks import start_ranks, worker_parser
+from rlhf_core.workers.ranks import finish_ranks, start_ranks, worker_parser
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -42,10 +41,7 @@ def main(argv: list[str] | None = None) -> None:
     trained = run_voters(args.init_dir, pairs, cfg, args.seed, args.voter_dir, rank=rank, world_size=world_size,
                          progress=args.progress and accelerator.is_main_process)
     print(f"rank {rank}/{world_size} trained voters {trained}", flush=True)
-    accelerator.wait_for_everyone()
-    if accelerator.is_main_process:
-        atomic_write_text(Path(args.voter_dir) / "world_size.txt", f"{world_size}\n")
-    accelerator.end_training()
+    finish_ranks(accelerator, args.voter_dir)
 
 
 if __name__ == "__main__":
