@@ -311,13 +311,13 @@ def write_report(results: list[dict], out: Path, figure_dir: Path, seconds: floa
         "## 1. Reward-model recipes, trained on the raw (noisy) labels",
         "",
         "| recipe | overall | correctness only | style only | style agrees | style conflicts | probe R² number "
-        "| probe R² distance | probe top-1 right |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| probe R² distance | probe top-1 right | seconds (train + score) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name in RECIPES:
         rows = [r["recipes"][name] for r in results]
         cells = [_cell([x["all"] for x in rows])] + [_cell([x.get(t, float("nan")) for x in rows]) for t in TYPES]
-        cells += [_cell([x[k] for x in rows]) for k in ("r2_number", "r2_distance", "top1_correct")]
+        cells += [_cell([x[k] for x in rows]) for k in ("r2_number", "r2_distance", "top1_correct", "seconds")]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     lines += [
         "",
