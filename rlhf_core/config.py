@@ -406,7 +406,7 @@ class RewardConfig(StrictModel):
 # The switches a preset sets; "ppo-max" is filled in below the class with their field defaults.
 PPO_PRESETS: dict[str, dict[str, Any]] = {
     "vanilla": {"kl_coef": 0.0, "reward_norm": False, "reward_scaling": False, "clip_vloss": False, "norm_adv": False,
-                "critic_warmup_iterations": 0, "ptx_coef": 0.0},
+                "critic_warmup_steps": 0, "ptx_coef": 0.0},
 }
 
 
@@ -419,47 +419,90 @@ class PPOConfig(StrictModel):
 
     preset: Literal["ppo-max", "vanilla"] = Field(
         "ppo-max", description="ppo-max: every trick at its paper default; vanilla: kl_coef 0, reward_norm false, "
-        "clip_vloss false, norm_adv false, critic_warmup_iterations 0, ptx_coef 0. Keys set explicitly override it",
+        "clip_vloss false, norm_adv false, critic_warmup_steps 0, ptx_coef 0. Keys set explicitly override it",
     )
+    # Each switch names its source: Part I = Secrets of RLHF Part I (PPO-max, the section "Implement
+    # Details in PPO"); Qwen = the Qwen technical report, RLHF section (values at 7B+ scale).
     iterations: int = Field(30, ge=1, description="rollout + update rounds")
     rollout_prompts: int = Field(32, ge=1, description="prompts per rollout")
-    responses_per_prompt: int = Field(2, ge=1, description="PPO-max samples two responses per query")
-    ppo_epochs: int = Field(2, ge=1)
-    mini_batch_size: int = Field(16, ge=1)
-    policy_lr: float = Field(3e-4, gt=0)
-    critic_lr: float = Field(1e-3, gt=0)
+    responses_per_prompt: int = Field(2, ge=1, description="samples per query; Qwen samples two responses per query")
+    ppo_epochs: int = Field(2, ge=1, description="passes over each rollout")
+    mini_batch_size: int = Field(16, ge=1, description="sequences per optimiser step")
+    policy_lr: float = Field(3e-4, gt=0, description="policy learning rate (Qwen: 1e-6 at 7B; scale with model size)")
+    critic_lr: float = Field(1e-3, gt=0, description="critic learning rate (Qwen: 5e-6 at 7B, 5x the policy's)")
+    lr_schedule: Literal["constant", "linear", "cosine"] = Field(
+        "constant", description="decay of both learning rates after their warm-up, to 0 at each model's last step",
+    )
+    policy_lr_warmup_steps: int = Field(0, ge=0, description="linear lr warm-up, in policy optimiser steps")
+    critic_lr_warmup_steps: int = Field(0, ge=0, description="linear lr warm-up, in critic optimiser steps")
     max_new_tokens: int = Field(24, ge=1)
     temperature: float = Field(1.0, gt=0)
-    top_p: float = Field(0.9, gt=0, le=1, description="nucleus sampling")
-    kl_coef: float = Field(0.05, ge=0, description="token-level KL penalty against the reference (SFT)")
-    kl_estimator: Literal["k1", "k3"] = "k1"
+    top_p: float = Field(0.9, gt=0, le=1, description="nucleus sampling (Qwen: 0.9 gives better evaluations than 1.0)")
+    kl_coef: float = Field(
+        0.05, ge=0, description="token-level KL penalty against the reference (SFT) (Part I: token-level KL "
+        "penalty; Qwen: 0.04)",
+    )
+    kl_estimator: Literal["k1", "k3"] = Field("k1", description="k1 = log ratio (Part I); k3 = Schulman's, >= 0")
     gamma: float = Field(1.0, ge=0, le=1)
-    lam: float = Field(0.95, ge=0, le=1)
-    clip_coef: float = Field(0.2, gt=0)
+    lam: float = Field(0.95, ge=0, le=1, description="GAE lambda")
+    clip_coef: float = Field(0.2, gt=0, description="policy ratio clip")
     vf_coef: float = Field(0.5, ge=0)
-    clip_vloss: bool = Field(True, description="value-loss clipping")
-    value_clip: float = Field(0.2, gt=0)
+    clip_vloss: bool = Field(True, description="value-loss clipping (Part I: value function loss clipping)")
+    value_clip: float = Field(0.2, gt=0, description="value clip range (Qwen: 0.15)")
     kl_target: float | None = Field(
         None, gt=0, description="adaptive KL (InstructGPT's controller): steer the mean per-sequence KL to this "
         "target, starting from kl_coef; None = a fixed kl_coef (PPO-max)",
     )
     kl_horizon: int = Field(10000, ge=1, description="adaptive KL: the controller's horizon, in sequences")
-    reward_norm: bool = Field(True, description="normalise rewards with running mean/std")
-    reward_scaling: bool = Field(
-        False, description="divide rewards by their running std without centring (Engstrom et al.); "
-        "the alternative to reward_norm, not with it",
+    reward_norm: bool = Field(
+        True, description="normalise rewards with running mean/std (Part I: reward normalization and clipping)"
     )
-    reward_clip: float = Field(5.0, gt=0, description="clip normalised (or scaled) rewards to [-c, c]")
-    norm_adv: bool = Field(True, description="whiten advantages per batch")
-    adv_clip: float | None = Field(None, gt=0, description="clip the (whitened) advantages to [-c, c]; None = off")
-    ent_coef: float = Field(0.0, ge=0, description="entropy bonus: the policy loss minus ent_coef * entropy (0 = off)")
-    max_grad_norm: float = Field(1.0, gt=0, description="global gradient clipping")
-    critic_warmup_iterations: int = Field(2, ge=0, description="train the critic alone first")
-    critic_from_reward_model: bool = Field(True, description="initialise the critic from the reward model")
+    reward_scaling: bool = Field(
+        False, description="divide rewards by their running std without centring (Part I: reward scaling, "
+        "after Engstrom et al.); the alternative to reward_norm, not with it",
+    )
+    reward_clip: float = Field(5.0, gt=0, description="clip normalised (or scaled) rewards to [-c, c] (Part I)")
+    norm_adv: bool = Field(True, description="whiten advantages per batch (Part I: advantages normalization)")
+    adv_clip: float | None = Field(
+        None, gt=0, description="clip the (whitened) advantages to [-c, c]; None = off (Part I: advantages clipping)"
+    )
+    ent_coef: float = Field(
+        0.0, ge=0, description="entropy bonus: the policy loss minus ent_coef * entropy (0 = off; Part I: entropy bonus, "
+        "left out of PPO-max)",
+    )
+    max_grad_norm: float = Field(1.0, gt=0, description="global gradient clipping (Part I: PPO-max clips gradients)")
+    critic_warmup_steps: int = Field(
+        50, ge=0, description="critic optimiser steps before the policy's first update (Qwen: 50; Part I: critic "
+        "pre-training). One iteration is ppo_epochs * ceil(rollout_prompts * responses_per_prompt / "
+        "mini_batch_size) steps",
+    )
+    critic_from_reward_model: bool = Field(
+        True, description="initialise the critic from the reward model (Part I: critic model initialization)"
+    )
     ptx_coef: float = Field(
-        0.0, ge=0, description="weight of the LM loss on pretraining/SFT data mixed into the policy loss (0 = off)"
+        0.0, ge=0, description="weight of the LM loss on pretraining/SFT data mixed into the policy loss (0 = off; "
+        "Part I and Qwen: pretrain gradients against the alignment tax)",
     )
     ptx_batch_size: int = Field(16, ge=1)
+    checkpoint_every: int = Field(
+        10, ge=0, description="iterations between checkpoints (policy, critic, optimisers, reward moments, RNG "
+        "states); a killed stage resumes from the last one. 0 = off",
+    )
+
+    @property
+    def steps_per_iteration(self) -> int:
+        """Optimiser steps of each model per iteration (the critic's; the policy's after its warm-up)."""
+        batch = self.rollout_prompts * self.responses_per_prompt
+        return self.ppo_epochs * -(-batch // self.mini_batch_size)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed_keys(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "critic_warmup_iterations" in data:
+            raise ValueError("ppo.critic_warmup_iterations was replaced by ppo.critic_warmup_steps (optimiser "
+                             "steps, Qwen's unit): one iteration is ppo_epochs * ceil(rollout_prompts * "
+                             "responses_per_prompt / mini_batch_size) steps")
+        return data
 
     @model_validator(mode="before")
     @classmethod
@@ -472,6 +515,11 @@ class PPOConfig(StrictModel):
     def _one_reward_transform(self) -> PPOConfig:
         if self.reward_norm and self.reward_scaling:
             raise ValueError("ppo.reward_norm and ppo.reward_scaling are alternatives: set one of them false")
+        total = self.iterations * self.steps_per_iteration
+        if self.critic_warmup_steps >= total:
+            raise ValueError(f"ppo.critic_warmup_steps ({self.critic_warmup_steps}) leaves no policy update in the "
+                             f"run's {total} optimiser steps ({self.iterations} iterations x "
+                             f"{self.steps_per_iteration}): lower it or raise ppo.iterations")
         return self
 
 
@@ -507,7 +555,7 @@ class RoundConfig(StrictModel):
     reward: RewardConfig = RewardConfig()
     # A strong KL anchor and the ptx loss on the SFT demonstrations: set when the reward model barely
     # verified arithmetic (issue 9 revisits them with the reward models of docs/reward-modelling.md).
-    ppo: PPOConfig = PPOConfig(iterations=60, kl_coef=1.0, policy_lr=1e-4, ptx_coef=1.0)
+    ppo: PPOConfig = PPOConfig(iterations=60, kl_coef=1.0, policy_lr=1e-4, ptx_coef=1.0, critic_warmup_steps=16)
     evaluation: EvalConfig = EvalConfig()
 
     @model_validator(mode="after")

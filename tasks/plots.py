@@ -89,13 +89,30 @@ def agreement_by_bucket(shares: dict[str, float]):
     return fig
 
 
-def ppo_curves(history: list[dict], keys=("objective/score", "objective/kl", "objective/entropy", "response/length")):
-    fig, axes = plt.subplots(1, len(keys), figsize=(4 * len(keys), 3))
-    steps = [h.get("iteration", i) for i, h in enumerate(history)]
-    for ax, key in zip(axes, keys):
-        ax.plot(steps, [h.get(key, float("nan")) for h in history])
-        ax.set_title(key)
+PPO_CURVES = ("objective/score", "objective/gold", "objective/kl", "objective/perplexity", "response/length",
+              "objective/entropy", "policy/clipfrac", "value/error")
+
+
+def ppo_curves(runs: list[dict] | dict[str, list[dict]], keys=PPO_CURVES, ncols: int = 4):
+    """Secrets of RLHF Part I Fig. 4 style: the training curves side by side, one panel per metric.
+
+    runs: one history (a list of per-iteration metric dicts) or {label: history} to overlay runs.
+    Keys no run logged (gold outside the simulated world) are left out.
+    """
+    runs = {"": runs} if isinstance(runs, list) else runs
+    keys = [k for k in keys if any(k in h for hist in runs.values() for h in hist)]
+    nrows = -(-len(keys) // ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(3.6 * ncols, 2.8 * nrows), squeeze=False)
+    for ax, key in zip(axes.flat, keys):
+        for label, hist in runs.items():
+            ax.plot([h.get("iteration", i) for i, h in enumerate(hist)], [h.get(key, float("nan")) for h in hist],
+                    label=label or None)
+        ax.set_title(key, fontsize=9)
         ax.set_xlabel("iteration")
+    for ax in list(axes.flat)[len(keys):]:
+        ax.axis("off")
+    if len(runs) > 1:
+        axes.flat[0].legend(fontsize=7)
     fig.tight_layout()
     return fig
 

@@ -15,16 +15,22 @@ from rlhf_core.config import PPOConfig, RewardTrainConfig
 from rlhf_core.ppo.trainer import train_ppo
 from rlhf_core.reward.model import RewardModel, score_texts
 from rlhf_core.schemas import read_table
+from rlhf_core.sim.world import gold_score
 from tasks.common import RunContext, StageRun, run_stage
 from tasks.plots import ppo_curves
 
-VERSION = "1"
+VERSION = "2"  # 2: gold per iteration, checkpoints, critic warm-up in optimiser steps
 
 
 def reward_scorer(reward_dir: str, max_length: int):
     """(prompts, responses) -> scores, from a saved reward model."""
     model, tokenizer = RewardModel.load(reward_dir), models.load_tokenizer(reward_dir)
     return lambda prompts, responses: score_texts(model, tokenizer, prompts, responses, max_length=max_length)
+
+
+def gold_scores(prompts: list[str], responses: list[str]) -> list[float]:
+    """The simulated world's true reward of each response: logged per iteration, never trained on."""
+    return [gold_score(p, r) for p, r in zip(prompts, responses)]
 
 
 @task(name="ppo", version=VERSION, cache_policy=NO_CACHE)
@@ -42,11 +48,13 @@ def train_policy(ctx: RunContext, cfg: PPOConfig, policy: ArtifactRef, reward_mo
             ptx = list(zip(demos["prompt"], demos["response"]))
         model, tokenizer, history = train_ppo(policy.path, scorer, prompts, cfg, seed=seed,
                                               critic_init_dir=reward_model.path, on_iteration=on_iteration,
-                                              progress=True, ptx_examples=ptx)
+                                              progress=True, ptx_examples=ptx, gold_fn=gold_scores,
+                                              checkpoint_dir=run.scratch)
         models.save_hf(model, tokenizer, out)
         run.log_figure(ppo_curves(history), "ppo_curves.png")
         first, last = history[0], history[-1]
         return {"ppo/score_first": first["objective/score"], "ppo/score_last": last["objective/score"],
+                "ppo/gold_first": first["objective/gold"], "ppo/gold_last": last["objective/gold"],
                 "ppo/kl_last": last["objective/kl"], "ppo/iterations": len(history)}
 
     config = {"ppo": cfg.model_dump(), "reward_max_length": reward_train.max_length, "seed": seed}

@@ -295,19 +295,21 @@ def lowercase_fraction(prompts, responses):
 def test_train_ppo_raises_the_score(tiny_policy_dir):
     cfg = PPOConfig(
         iterations=15, rollout_prompts=16, max_new_tokens=8, mini_batch_size=16,
-        policy_lr=1e-2, critic_warmup_iterations=1, top_p=1.0,
+        policy_lr=1e-2, critic_warmup_steps=4, top_p=1.0,  # 4 steps = iteration 0
     )  # fmt: skip
     seen = []
     prompts = [f"prompt {i}" for i in range(20)]
     policy, tokenizer, history = train_ppo(
-        tiny_policy_dir, lowercase_fraction, prompts, cfg, seed=0, on_iteration=seen.append
+        tiny_policy_dir, lowercase_fraction, prompts, cfg, seed=0, on_iteration=seen.append,
+        gold_fn=lowercase_fraction,  # the gold here is the reward itself: logged, never trained on
     )
     assert seen == history and [m["iteration"] for m in history] == list(range(15))
+    assert all(m["objective/gold"] == pytest.approx(m["objective/score"]) for m in history)
     assert set(history[0]) == {
         "objective/score", "objective/kl", "objective/entropy", "policy/approx_kl", "policy/clipfrac",
         "loss/policy", "loss/ptx", "loss/entropy_bonus", "loss/value", "value/explained_variance", "value/error",
         "response/length", "objective/kl_coef", "iteration", "objective/score_shaped", "objective/return",
-        "objective/perplexity", "value/clipfrac", "lr/policy", "lr/critic",
+        "objective/perplexity", "value/clipfrac", "lr/policy", "lr/critic", "objective/gold",
     }  # fmt: skip
     assert all(m["lr/policy"] == cfg.policy_lr and m["lr/critic"] == cfg.critic_lr for m in history)
     assert all(m["objective/perplexity"] >= 1.0 for m in history)
@@ -324,7 +326,7 @@ def test_train_ppo_raises_the_score(tiny_policy_dir):
 
 def test_train_ppo_is_deterministic_and_vanilla_switches_run(tiny_policy_dir):
     cfg = PPOConfig(
-        iterations=2, rollout_prompts=4, max_new_tokens=6, mini_batch_size=4, critic_warmup_iterations=0,
+        iterations=2, rollout_prompts=4, max_new_tokens=6, mini_batch_size=4, critic_warmup_steps=0,
         reward_norm=False, norm_adv=False, clip_vloss=False, kl_estimator="k3",
     )  # fmt: skip
     prompts = ["a", "b", "c"]
@@ -357,10 +359,11 @@ def test_critic_initialised_from_the_reward_model(tiny_policy_dir, tmp_path):
 def test_ptx_loss_pulls_the_policy_towards_its_pretraining_data(tiny_policy_dir):
     """With ptx on, the policy update also lowers the LM loss on the given (prompt, response) data."""
     with pytest.raises(ValueError, match="ptx_examples"):
-        train_ppo(tiny_policy_dir, lowercase_fraction, ["a"], PPOConfig(ptx_coef=1.0, iterations=1), seed=0)
+        train_ppo(tiny_policy_dir, lowercase_fraction, ["a"],
+                  PPOConfig(ptx_coef=1.0, iterations=1, critic_warmup_steps=0), seed=0)
     data = [(f"prompt {i}", " XYZ") for i in range(8)]
     cfg = PPOConfig(iterations=6, rollout_prompts=4, max_new_tokens=6, mini_batch_size=8, policy_lr=1e-2,
-                    critic_warmup_iterations=0, ptx_coef=5.0, ptx_batch_size=4)
+                    critic_warmup_steps=0, ptx_coef=5.0, ptx_batch_size=4)
     _, _, history = train_ppo(tiny_policy_dir, lowercase_fraction, [p for p, _ in data], cfg, seed=0,
                               ptx_examples=data)
     ptx = [m["loss/ptx"] for m in history]
@@ -370,7 +373,7 @@ def test_ptx_loss_pulls_the_policy_towards_its_pretraining_data(tiny_policy_dir)
 def test_new_switches_adaptive_kl_entropy_bonus_and_advantage_clip_run(tiny_policy_dir):
     """kl_target moves the coefficient between iterations; ent_coef and adv_clip enter the update."""
     cfg = PPOConfig(
-        iterations=3, rollout_prompts=4, max_new_tokens=6, mini_batch_size=4, critic_warmup_iterations=0,
+        iterations=3, rollout_prompts=4, max_new_tokens=6, mini_batch_size=4, critic_warmup_steps=0,
         kl_coef=0.1, kl_target=0.001, kl_horizon=10, reward_norm=False, reward_scaling=True, adv_clip=0.5,
         ent_coef=0.01, policy_lr=1e-2,
     )  # fmt: skip
@@ -403,7 +406,7 @@ def test_presets_fill_the_switches_not_given_and_explicit_keys_win():
     assert PPOConfig() == PPOConfig(preset="ppo-max")  # the defaults are PPO-max
     vanilla = PPOConfig(preset="vanilla")
     assert (vanilla.kl_coef, vanilla.reward_norm, vanilla.clip_vloss, vanilla.norm_adv,
-            vanilla.critic_warmup_iterations, vanilla.ptx_coef) == (0.0, False, False, False, 0, 0.0)
+            vanilla.critic_warmup_steps, vanilla.ptx_coef) == (0.0, False, False, False, 0, 0.0)
     assert PPOConfig(preset="vanilla", norm_adv=True).norm_adv is True  # still overridable
     assert PPOConfig.model_validate_json(vanilla.model_dump_json()) == vanilla  # a dump reloads to itself
     assert set(PPO_PRESETS) == {"ppo-max", "vanilla"}
@@ -418,3 +421,111 @@ def test_presets_fill_the_switches_not_given_and_explicit_keys_win():
     assert cfg.ppo.norm_adv is True and cfg.ppo.reward_norm is False
     paper = load_config(mini, overrides=["ppo.preset=ppo-max"]).ppo
     assert (paper.kl_coef, paper.ptx_coef, paper.norm_adv) == (PPOConfig().kl_coef, 0.0, True)
+
+
+# ---------------------------------------------------------------- schedules, warm-up, checkpoints
+
+
+def test_lr_factor_warmup_then_decay_by_hand():
+    from rlhf_core.ppo.core import lr_factor
+
+    # warm-up 2 steps, 6 steps in all: the decay spans steps 2..5, progress (step - 2) / 4
+    assert [lr_factor(s, "linear", 2, 6) for s in range(6)] == [0.5, 1.0, 1.0, 0.75, 0.5, 0.25]
+    assert [lr_factor(s, "constant", 2, 6) for s in range(6)] == [0.5, 1.0, 1.0, 1.0, 1.0, 1.0]
+    cosine = [lr_factor(s, "cosine", 2, 6) for s in range(6)]
+    assert cosine == pytest.approx([0.5, 1.0, 1.0, 0.5 * (1 + math.cos(math.pi / 4)), 0.5,
+                                    0.5 * (1 + math.cos(3 * math.pi / 4))])
+    assert lr_factor(0, "linear", 0, 4) == 1.0 and lr_factor(9, "linear", 0, 4) == 0.0  # clamped past the end
+    with pytest.raises(ValueError, match="schedule"):
+        lr_factor(3, "step", 0, 4)
+
+
+def test_config_counts_warmup_in_optimiser_steps_and_refuses_what_cannot_train():
+    cfg = PPOConfig(rollout_prompts=4, responses_per_prompt=2, mini_batch_size=3, ppo_epochs=2)
+    assert cfg.steps_per_iteration == 2 * 3  # ceil(8 / 3) minibatches per epoch
+    with pytest.raises(ValueError, match="leaves no policy update"):
+        PPOConfig(iterations=2, rollout_prompts=4, mini_batch_size=8, critic_warmup_steps=4)  # 2 x 2 steps
+    with pytest.raises(ValueError, match="critic_warmup_steps"):
+        PPOConfig(critic_warmup_iterations=2)  # the old key names its replacement
+
+
+SMALL = dict(rollout_prompts=4, max_new_tokens=6, mini_batch_size=4, policy_lr=1e-2)  # 4 steps per iteration
+
+
+class Killed(Exception):
+    pass
+
+
+def kill_at(iteration: int, seen: list):
+    def on_iteration(m):
+        if m["iteration"] == iteration:
+            raise Killed
+        seen.append(m)
+    return on_iteration
+
+
+def test_critic_warmup_leaves_the_policy_bit_identical(tiny_policy_dir, tmp_path):
+    """Warm-up 4 steps = all of iteration 0: the checkpoint after it holds the initial policy, a moved critic."""
+    cfg = PPOConfig(iterations=2, critic_warmup_steps=4, checkpoint_every=1, **SMALL)
+    with pytest.raises(Killed):
+        train_ppo(tiny_policy_dir, lowercase_fraction, ["a", "b"], cfg, seed=1, checkpoint_dir=tmp_path,
+                  on_iteration=kill_at(0, []))
+    state = torch.load(tmp_path / "checkpoint.pt", weights_only=True)
+    initial = models.load_policy(tiny_policy_dir).state_dict()
+    assert all(torch.equal(state["policy"]["model"][k], v) for k, v in initial.items())
+    assert state["policy"]["schedule"]["last_epoch"] == 0 and state["critic"]["schedule"]["last_epoch"] == 4
+    assert state["history"][0]["loss/policy"] == 0.0 and state["history"][0]["loss/value"] > 0
+    # warm-up 2 steps: the policy takes the last 2 of iteration 0's 4 steps
+    cfg = PPOConfig(iterations=2, critic_warmup_steps=2, checkpoint_every=1, **SMALL)
+    with pytest.raises(Killed):
+        train_ppo(tiny_policy_dir, lowercase_fraction, ["a", "b"], cfg, seed=1, checkpoint_dir=tmp_path / "b",
+                  on_iteration=kill_at(0, []))
+    state = torch.load(tmp_path / "b" / "checkpoint.pt", weights_only=True)
+    assert state["policy"]["schedule"]["last_epoch"] == 2
+    assert not all(torch.equal(state["policy"]["model"][k], v) for k, v in initial.items())
+
+
+def test_a_killed_run_resumes_to_the_same_result(tiny_policy_dir, tmp_path):
+    """Killed in iteration 2 of 0..4 (the last checkpoint holds iterations 0-1), resumed: the same metrics and weights.
+
+    Every piece of state is exercised: ptx batches, the adaptive KL coefficient, running reward
+    moments, cosine schedules with warm-up, and the critic's warm-up crossing the checkpoint."""
+    data = [(f"prompt {i}", " xyz") for i in range(6)]
+    cfg = PPOConfig(iterations=5, checkpoint_every=2, critic_warmup_steps=10, ptx_coef=0.5, ptx_batch_size=4,
+                    kl_target=0.01, kl_horizon=50, lr_schedule="cosine", policy_lr_warmup_steps=3,
+                    critic_lr_warmup_steps=2, **SMALL)
+    prompts = [p for p, _ in data]
+    args = dict(seed=4, ptx_examples=data, gold_fn=lowercase_fraction)
+    full_policy, _, full = train_ppo(tiny_policy_dir, lowercase_fraction, prompts, cfg, **args)
+
+    seen = []
+    with pytest.raises(Killed):
+        train_ppo(tiny_policy_dir, lowercase_fraction, prompts, cfg, checkpoint_dir=tmp_path,
+                  on_iteration=kill_at(2, seen), **args)
+    assert [m["iteration"] for m in seen] == [0, 1]
+    assert len(torch.load(tmp_path / "checkpoint.pt", weights_only=True)["history"]) == 2
+    replayed = []
+    policy, _, resumed = train_ppo(tiny_policy_dir, lowercase_fraction, prompts, cfg, checkpoint_dir=tmp_path,
+                                   on_iteration=replayed.append, **args)
+    assert replayed == resumed and [m["iteration"] for m in resumed] == list(range(5))
+    for a, b in zip(full, resumed):
+        assert a.keys() == b.keys()
+        for k in a:
+            assert b[k] == pytest.approx(a[k], rel=1e-6, abs=1e-7, nan_ok=True), (a["iteration"], k)
+    assert len({m["objective/kl_coef"] for m in full}) > 1 and full[-1]["lr/policy"] < cfg.policy_lr
+    for k, v in full_policy.state_dict().items():
+        assert torch.allclose(policy.state_dict()[k], v, atol=1e-6), k
+    # a checkpoint of another run is refused, not silently resumed
+    with pytest.raises(ValueError, match="another PPO run"):
+        train_ppo(tiny_policy_dir, lowercase_fraction, prompts, cfg, checkpoint_dir=tmp_path,
+                  **(args | {"seed": 5}))
+
+
+def test_ppo_curves_overlay_runs_and_skip_keys_nobody_logged():
+    from tasks.plots import ppo_curves
+
+    hist = [{"iteration": i, "objective/score": i, "objective/kl": 0.1 * i} for i in range(3)]
+    fig = ppo_curves({"ppo-max": hist, "vanilla": hist}, keys=("objective/score", "objective/gold", "objective/kl"))
+    titles = [ax.get_title() for ax in fig.axes if ax.axison]
+    assert titles == ["objective/score", "objective/kl"]
+    assert len(fig.axes[0].lines) == 2

@@ -174,3 +174,37 @@ def test_vote_on_two_worker_ranks_and_metarm_on_the_rounds_responses(prefect_api
     assert runs["reward"].data.tags["rlhf.input.responses"] == f"responses:{summary['artifacts']['generate']['digest']}"
     assert 0.5 <= runs["reward"].data.metrics["reward/meta_difference"] < 1.0
     assert runs["reward"].data.params["reward.train.meta.enabled"] == "True"
+
+
+def test_killed_ppo_stage_resumes_from_its_checkpoint(two_rounds, monkeypatch):
+    """PPO killed in iteration 3 with a checkpoint after iteration 1: the re-run resumes from it, and the
+    stage's MLflow run still holds every iteration's curve (the checkpointed ones replayed)."""
+    import tasks.ppo
+    from flows.round import rlhf_round
+
+    cfg = load_config(CONFIG, overrides=[f"workdir={two_rounds[0].workdir}", "ppo.iterations=4",
+                                         "ppo.checkpoint_every=2"])
+    real_train_ppo, calls = tasks.ppo.train_ppo, []
+
+    def train_ppo(*args, on_iteration, checkpoint_dir, kill_at=None, **kwargs):
+        calls.append((Path(checkpoint_dir) / "checkpoint.pt").exists())
+
+        def hook(m):
+            if m["iteration"] == kill_at:
+                raise RuntimeError("killed")
+            on_iteration(m)
+        return real_train_ppo(*args, on_iteration=hook, checkpoint_dir=checkpoint_dir, **kwargs)
+
+    monkeypatch.setattr(tasks.ppo, "train_ppo", lambda *a, **kw: train_ppo(*a, kill_at=3, **kw))
+    with pytest.raises(Exception, match="killed"):
+        rlhf_round(config=cfg, stop_after="ppo")
+    monkeypatch.setattr(tasks.ppo, "train_ppo", train_ppo)
+    summary = rlhf_round(config=cfg, stop_after="ppo")
+    assert calls == [False, True]  # the first run started fresh, the re-run found the checkpoint
+    client = MlflowClient(summary["mlflow"]["tracking_uri"])
+    ppo = next(r for r in _children(client, summary["mlflow"]["run_id"]) if r.data.tags["rlhf.stage"] == "ppo")
+    assert ppo.info.status == "FINISHED" and ppo.data.tags["rlhf.cache"] == "miss"
+    gold = client.get_metric_history(ppo.info.run_id, "objective/gold")
+    assert sorted(m.step for m in gold) == [0, 1, 2, 3] and all(math.isfinite(m.value) for m in gold)
+    assert ppo.data.metrics["ppo/gold_last"] == pytest.approx(next(m.value for m in gold if m.step == 3))
+    assert not any((Path(cfg.workdir) / "scratch").iterdir())  # committed: the checkpoint is gone

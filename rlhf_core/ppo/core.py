@@ -8,6 +8,7 @@ positions, so nothing beyond the response ever reaches a loss.
 
 from __future__ import annotations
 
+import math
 from typing import Literal
 
 import torch
@@ -130,6 +131,27 @@ class AdaptiveKLController:
         error = min(max(current_kl / self.target - 1.0, -0.2), 0.2)
         self.value *= 1.0 + error * n_steps / self.horizon
         return self.value
+
+
+# ---------------------------------------------------------------- learning rates
+
+
+def lr_factor(step: int, schedule: str, warmup_steps: int, total_steps: int) -> float:
+    """The multiplier of a model's base learning rate at its optimiser step `step` (0-based).
+
+    Linear warm-up from 1/warmup_steps to 1 over the first warmup_steps steps, then "constant"
+    (1), "linear" (to 0 at total_steps) or "cosine" (half a cosine to 0 at total_steps).
+    """
+    if step < warmup_steps:
+        return (step + 1) / warmup_steps
+    if schedule == "constant":
+        return 1.0
+    progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
+    if schedule == "linear":
+        return 1.0 - progress
+    if schedule == "cosine":
+        return 0.5 * (1.0 + math.cos(math.pi * progress))
+    raise ValueError(f"unknown lr schedule {schedule!r}: expected constant, linear or cosine")
 
 
 # ---------------------------------------------------------------- advantages

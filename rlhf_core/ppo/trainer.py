@@ -20,6 +20,7 @@ from torch import nn
 from tqdm.auto import tqdm
 from transformers import AutoModel
 
+from rlhf_core.artifacts import atomic_write
 from rlhf_core.config import PPOConfig
 from rlhf_core.generation.sampler import sample_batch
 from rlhf_core.models import format_query, load_policy, load_reward_model, load_tokenizer
@@ -27,6 +28,7 @@ from rlhf_core.ops import entropy_from_logits, logprobs_from_logits, masked_mean
 from rlhf_core.ppo.core import (
     AdaptiveKLController,
     RunningMoments,
+    lr_factor,
     explained_variance,
     gae,
     normalize_and_clip,
@@ -84,6 +86,7 @@ class Experience:
     values: torch.Tensor  # V_old(state before the token)
     entropy: torch.Tensor  # policy entropy at each response position
     scores: torch.Tensor  # (B,) raw reward-function scores
+    gold: torch.Tensor | None = None  # (B,) the true reward, where the world knows it (never trained on)
     advantages: torch.Tensor | None = None  # filled by compute_advantages
     returns: torch.Tensor | None = None
     kl: torch.Tensor | None = None
@@ -117,8 +120,10 @@ def response_values(critic: Critic, batch) -> torch.Tensor:
 
 
 @torch.no_grad()
-def rollout(policy, reference, critic, tokenizer, reward_fn: RewardFn, prompts, cfg: PPOConfig, seed: int):
-    """Sample responses, score them, and record log-probs (policy, reference) and values."""
+def rollout(policy, reference, critic, tokenizer, reward_fn: RewardFn, prompts, cfg: PPOConfig, seed: int,
+            gold_fn: RewardFn | None = None):
+    """Sample responses, score them (and take their gold score when gold_fn is given), and record
+    log-probs (policy, reference) and values."""
     queries = [format_query(tokenizer, p) for p in prompts]
     sample = sample_batch(
         policy, tokenizer, queries, cfg.max_new_tokens, cfg.temperature, cfg.top_p, generator_seed=seed
@@ -135,6 +140,7 @@ def rollout(policy, reference, critic, tokenizer, reward_fn: RewardFn, prompts, 
         values=response_values(critic, sample),
         entropy=entropy_from_logits(logits),
         scores=reward_fn(list(prompts), sample.texts).detach().float().reshape(-1),  # (B,)
+        gold=None if gold_fn is None else torch.as_tensor(gold_fn(list(prompts), sample.texts)).float().reshape(-1),
     )
 
 
@@ -161,22 +167,50 @@ def compute_advantages(exp: Experience, moments: RunningMoments, cfg: PPOConfig,
     return exp
 
 
-def _step(loss: torch.Tensor, model: nn.Module, optimizer: torch.optim.Optimizer, max_grad_norm: float):
-    optimizer.zero_grad()
-    loss.backward()
-    nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)  # global norm over all parameters
-    optimizer.step()
+@dataclass
+class Learner:
+    """A model with its optimiser and learning-rate schedule; `step` is one optimiser step."""
+
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    schedule: torch.optim.lr_scheduler.LambdaLR
+
+    @classmethod
+    def build(cls, model: nn.Module, lr: float, schedule: str, warmup_steps: int, total_steps: int) -> "Learner":
+        optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
+        factor = lambda step: lr_factor(step, schedule, warmup_steps, total_steps)  # noqa: E731
+        return cls(model, optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, factor))
+
+    def step(self, loss: torch.Tensor, max_grad_norm: float) -> None:
+        self.optimizer.zero_grad()
+        loss.backward()
+        nn.utils.clip_grad_norm_(self.model.parameters(), max_grad_norm)  # global norm over all parameters
+        self.optimizer.step()
+        self.schedule.step()
+
+    @property
+    def lr(self) -> float:
+        return self.optimizer.param_groups[0]["lr"]
+
+    def state_dict(self) -> dict:
+        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+                "schedule": self.schedule.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.schedule.load_state_dict(state["schedule"])
 
 
-def policy_step(policy, optimizer, mb: Experience, cfg: PPOConfig, ptx_batch=None) -> dict[str, float]:
+def policy_step(policy: Learner, mb: Experience, cfg: PPOConfig, ptx_batch=None) -> dict[str, float]:
     """One clipped-surrogate step on a minibatch, plus cfg.ptx_coef * the LM loss on a batch of
     pretraining (SFT) examples when one is given (PPO-max's ptx term)."""
-    logits = response_logits(policy, mb, cfg.temperature)  # (b, T, V)
+    logits = response_logits(policy.model, mb, cfg.temperature)  # (b, T, V)
     logp = logprobs_from_logits(logits, mb.response_ids)  # (b, T)
     pg_loss, metrics = policy_loss(logp, mb.logp, mb.advantages, mb.response_mask, cfg.clip_coef)
-    ptx_loss = policy(**ptx_batch).loss if ptx_batch is not None else torch.zeros(())
+    ptx_loss = policy.model(**ptx_batch).loss if ptx_batch is not None else torch.zeros(())
     entropy = masked_mean(entropy_from_logits(logits), mb.response_mask) if cfg.ent_coef else torch.zeros(())
-    _step(pg_loss - cfg.ent_coef * entropy + cfg.ptx_coef * ptx_loss, policy, optimizer, cfg.max_grad_norm)
+    policy.step(pg_loss - cfg.ent_coef * entropy + cfg.ptx_coef * ptx_loss, cfg.max_grad_norm)
     return {
         "loss/policy": pg_loss.item(),
         "loss/ptx": ptx_loss.item(),
@@ -186,28 +220,31 @@ def policy_step(policy, optimizer, mb: Experience, cfg: PPOConfig, ptx_batch=Non
     }
 
 
-def critic_step(critic, optimizer, mb: Experience, cfg: PPOConfig) -> dict[str, float]:
+def critic_step(critic: Learner, mb: Experience, cfg: PPOConfig) -> dict[str, float]:
     """One (optionally clipped) value-loss step on a minibatch."""
-    values = response_values(critic, mb)  # (b, T)
+    values = response_values(critic.model, mb)  # (b, T)
     v_loss, metrics = value_loss(
         values, mb.values, mb.returns, mb.response_mask, cfg.value_clip, cfg.clip_vloss
     )
-    _step(cfg.vf_coef * v_loss, critic, optimizer, cfg.max_grad_norm)
+    critic.step(cfg.vf_coef * v_loss, cfg.max_grad_norm)
     return {"loss/value": v_loss.item(), "value/error": metrics["error"], "value/clipfrac": metrics["clipfrac"]}
 
 
-def update(policy, critic, policy_opt, critic_opt, exp: Experience, cfg: PPOConfig, train_policy: bool, gen,
-           ptx_batches: Iterator[dict] | None = None):
-    """`cfg.ppo_epochs` passes over shuffled minibatches; the policy is skipped during critic warm-up.
-    Returns each metric averaged over the minibatch steps."""
-    stats = defaultdict(list)
+def update(policy: Learner, critic: Learner, exp: Experience, cfg: PPOConfig, first_step: int, gen,
+           ptx_batches: Iterator[dict] | None = None) -> dict[str, float]:
+    """`cfg.ppo_epochs` passes over shuffled minibatches, one critic step each, and one policy step
+    once `cfg.critic_warmup_steps` critic steps are done (PPO-max: the critic learns alone first).
+    first_step: the run's optimiser steps before this update. Returns each metric averaged over the
+    minibatch steps."""
+    stats, step = defaultdict(list), first_step
     for _ in range(cfg.ppo_epochs):
         for idx in torch.randperm(exp.response_ids.shape[0], generator=gen).split(cfg.mini_batch_size):
             mb = exp.minibatch(idx)
-            step_metrics = critic_step(critic, critic_opt, mb, cfg)
-            if train_policy:
+            step_metrics = critic_step(critic, mb, cfg)
+            if step >= cfg.critic_warmup_steps:
                 ptx_batch = next(ptx_batches) if ptx_batches is not None else None
-                step_metrics |= policy_step(policy, policy_opt, mb, cfg, ptx_batch)
+                step_metrics |= policy_step(policy, mb, cfg, ptx_batch)
+            step += 1
             for k, v in step_metrics.items():
                 stats[k].append(v)
     return {k: float(np.mean(v)) for k, v in stats.items()}
@@ -216,7 +253,8 @@ def update(policy, critic, policy_opt, critic_opt, exp: Experience, cfg: PPOConf
 def iteration_metrics(exp: Experience, update_stats: dict[str, float], iteration: int) -> dict[str, float]:
     """Fixed, grouped names; policy metrics are 0 while the critic warms up alone."""
     mask = exp.response_mask.float()
-    return {
+    gold = {} if exp.gold is None else {"objective/gold": exp.gold.mean().item()}
+    return gold | {
         "objective/score": exp.scores.mean().item(),
         "objective/score_shaped": exp.shaped_scores.mean().item(),
         "objective/return": exp.returns[:, 0].mean().item(),  # the return from each response's first token
@@ -265,48 +303,115 @@ def train_ppo(
     on_iteration: Callable[[dict[str, float]], None] | None = None,
     progress: bool = False,
     ptx_examples: list[tuple[str, str]] | None = None,
+    gold_fn: RewardFn | None = None,
+    checkpoint_dir: str | Path | None = None,
 ) -> tuple[nn.Module, object, list[dict[str, float]]]:
     """PPO-max fine-tuning of the policy in `policy_dir` against `reward_fn`.
 
     ptx_examples: (prompt, response) pretraining/SFT data for the ptx loss (needed when
-    cfg.ptx_coef > 0). Returns (policy, tokenizer, history), one metrics dict per iteration (also
-    passed to `on_iteration`). Deterministic for a given seed on a given machine.
+    cfg.ptx_coef > 0). gold_fn: the true reward where it is known (the simulated world), logged as
+    objective/gold and never trained on. checkpoint_dir: where a checkpoint is written every
+    cfg.checkpoint_every iterations; a checkpoint found there is resumed, and the iterations it
+    holds are passed to `on_iteration` again first. Returns (policy, tokenizer, history), one
+    metrics dict per iteration. Deterministic for a given seed on a given machine, resumed or not.
     """
     if cfg.ptx_coef > 0 and not ptx_examples:
         raise ValueError("ppo.ptx_coef > 0 needs ptx_examples (the SFT data); pass them or set ptx_coef: 0")
     torch.manual_seed(seed)
     tokenizer = load_tokenizer(policy_dir)
+    total_steps = cfg.iterations * cfg.steps_per_iteration
     # eval(): no dropout, so the first PPO epoch starts exactly at ratio = 1.
-    policy = load_policy(policy_dir).eval()
+    policy = Learner.build(load_policy(policy_dir).eval(), cfg.policy_lr, cfg.lr_schedule,
+                           cfg.policy_lr_warmup_steps, total_steps - cfg.critic_warmup_steps)
     reference = load_policy(policy_dir).eval().requires_grad_(False)  # frozen initial policy
     use_reward_model = cfg.critic_from_reward_model and critic_init_dir is not None
-    critic = build_critic(policy_dir, critic_init_dir if use_reward_model else None).eval()
-    policy_opt = torch.optim.AdamW(policy.parameters(), lr=cfg.policy_lr)
-    critic_opt = torch.optim.AdamW(critic.parameters(), lr=cfg.critic_lr)
+    critic = Learner.build(build_critic(policy_dir, critic_init_dir if use_reward_model else None).eval(),
+                           cfg.critic_lr, cfg.lr_schedule, cfg.critic_lr_warmup_steps, total_steps)
     moments = RunningMoments()
     kl_control = None if cfg.kl_target is None else AdaptiveKLController(cfg.kl_coef, cfg.kl_target, cfg.kl_horizon)
-    batches = prompt_batches(list(prompts), cfg.rollout_prompts, np.random.default_rng(seed))
     gen = torch.Generator().manual_seed(seed)  # minibatch shuffles
+
+    checkpoint = Checkpoint(checkpoint_dir, cfg, seed) if checkpoint_dir is not None else None
+    history: list[dict[str, float]] = []
+    if checkpoint is not None and checkpoint.exists():
+        history = checkpoint.restore(policy, critic, moments, kl_control, gen)
+        for metrics in history:
+            if on_iteration is not None:
+                on_iteration(metrics)
+    start = len(history)
+    # the data streams are pure functions of the seed: a resumed run skips what was consumed
+    batches = prompt_batches(list(prompts), cfg.rollout_prompts, np.random.default_rng(seed))
+    for _ in range(start):
+        next(batches)
     ptx_batches = None
     if cfg.ptx_coef > 0:
         encoded = [encode_example(tokenizer, p, r) for p, r in ptx_examples]
         ptx_batches = pretraining_batches(encoded, cfg.ptx_batch_size, tokenizer.pad_token_id, seed)
+        for _ in range(max(0, start * cfg.steps_per_iteration - cfg.critic_warmup_steps)):  # one per policy step
+            next(ptx_batches)
 
-    history = []
-    for it in tqdm(range(cfg.iterations), disable=not progress, desc="ppo"):
+    bar = tqdm(range(start, cfg.iterations), initial=start, total=cfg.iterations, disable=not progress, desc="ppo")
+    for it in bar:
         batch = [p for p in next(batches) for _ in range(cfg.responses_per_prompt)]
         sample_seed = seed * 1_000_003 + it  # a different draw each iteration, reproducible
-        exp = rollout(policy, reference, critic, tokenizer, reward_fn, batch, cfg, sample_seed)
+        exp = rollout(policy.model, reference, critic.model, tokenizer, reward_fn, batch, cfg, sample_seed, gold_fn)
         kl_coef = cfg.kl_coef if kl_control is None else kl_control.value
         exp = compute_advantages(exp, moments, cfg, kl_coef)
-        train_policy = it >= cfg.critic_warmup_iterations  # PPO-max: critic alone first
-        stats = update(policy, critic, policy_opt, critic_opt, exp, cfg, train_policy, gen, ptx_batches)
-        metrics = iteration_metrics(exp, stats, it) | {"objective/kl_coef": kl_coef,
-                                                        "lr/policy": policy_opt.param_groups[0]["lr"],
-                                                        "lr/critic": critic_opt.param_groups[0]["lr"]}
+        stats = update(policy, critic, exp, cfg, it * cfg.steps_per_iteration, gen, ptx_batches)
+        metrics = iteration_metrics(exp, stats, it) | {"objective/kl_coef": kl_coef, "lr/policy": policy.lr,
+                                                        "lr/critic": critic.lr}
         if kl_control is not None:  # the next rollout's coefficient, from this one's KL
             kl_control.update(metrics["objective/kl"], n_steps=exp.response_ids.shape[0])
         history.append(metrics)
+        if checkpoint is not None and cfg.checkpoint_every and (it + 1) % cfg.checkpoint_every == 0:
+            checkpoint.save(history, policy, critic, moments, kl_control, gen)
+        bar.set_postfix({k.split("/")[-1]: f"{metrics[k]:.3g}" for k in PROGRESS_KEYS if k in metrics}, refresh=False)
         if on_iteration is not None:
             on_iteration(metrics)
-    return policy, tokenizer, history
+    return policy.model, tokenizer, history
+
+
+PROGRESS_KEYS = ("objective/score", "objective/gold", "objective/kl", "objective/perplexity")
+
+
+class Checkpoint:
+    """The whole training state in one file, `<directory>/checkpoint.pt`, replaced atomically.
+
+    It holds what the next iteration depends on: policy and critic weights with their optimiser
+    and schedule states, the running reward moments, the adaptive KL coefficient, the minibatch
+    shuffle's RNG state and the metrics so far (their count is the data position). The config and
+    seed are stored too, and a checkpoint of another run is refused rather than resumed.
+    """
+
+    def __init__(self, directory: str | Path, cfg: PPOConfig, seed: int):
+        self.path = Path(directory) / "checkpoint.pt"
+        self.run = {"config": cfg.model_dump(mode="json"), "seed": seed}
+
+    def exists(self) -> bool:
+        return self.path.exists()
+
+    def save(self, history, policy: Learner, critic: Learner, moments: RunningMoments,
+             kl_control: AdaptiveKLController | None, gen: torch.Generator) -> None:
+        state = {
+            "run": self.run, "history": history, "policy": policy.state_dict(), "critic": critic.state_dict(),
+            "moments": {"count": moments.count, "mean": moments.mean, "m2": moments.m2},
+            "kl_coef": None if kl_control is None else kl_control.value,
+            "minibatch_rng": gen.get_state(), "torch_rng": torch.get_rng_state(),
+        }
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(self.path, lambda f: torch.save(state, f))
+
+    def restore(self, policy: Learner, critic: Learner, moments: RunningMoments,
+                kl_control: AdaptiveKLController | None, gen: torch.Generator) -> list[dict[str, float]]:
+        state = torch.load(self.path, weights_only=True)
+        if state["run"] != self.run:
+            raise ValueError(f"{self.path} was written by another PPO run (different config or seed): "
+                             "delete it to start over, or resume with the config and seed that wrote it")
+        policy.load_state_dict(state["policy"])
+        critic.load_state_dict(state["critic"])
+        moments.count, moments.mean, moments.m2 = (state["moments"][k] for k in ("count", "mean", "m2"))
+        if kl_control is not None:
+            kl_control.value = state["kl_coef"]
+        gen.set_state(state["minibatch_rng"])
+        torch.set_rng_state(state["torch_rng"])
+        return state["history"]

@@ -1,0 +1,254 @@
+"""PPO-max against vanilla PPO on the simulated world, where gold is known: writes docs/ppo-max-benchmark.md.
+
+    .venv/bin/python benchmarks/ppo_max.py [--seeds 0 1 2] [--runs NAME ...] [--out docs/ppo-max-benchmark.md]
+
+Per seed, the round runs up to the reward model in --work-dir (the stages come from its cache on a
+re-run), and a baseline reward model is trained with the same recipe on the raw (not denoised)
+labels. Then every run of RUNS trains PPO from the SFT policy with the same budget (the demo's
+60 iterations of 32 prompts x 2 responses) and is measured:
+
+- the training curves (RM score, gold, KL, perplexity, length, entropy, clip fractions, value error);
+- gold of the final policy's greedy responses on the held-out prompts, and KL(policy || SFT) there;
+- the last 10 iterations' mean gold and KL of the rollouts, and the largest perplexity seen.
+
+Sections: PPO-max vs vanilla (Part I Fig. 4), no KL penalty against the denoised vs the baseline
+reward model (Part II Fig. 9), top-p 1.0 vs 0.9 (Qwen), an ablation (each switch off alone), and
+PPO-max, vanilla and the demo's settings at a longer budget.
+Each finished (seed, run) is kept as JSON in --work-dir, so a killed benchmark resumes with the next
+run. About 35 s per run of 60 iterations on 2 cores (90 s at 150), 16 runs per seed: 13 min per seed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+
+BUDGET = {"iterations": 60}  # the demo's budget; everything else of "ppo-max" is PPOConfig's defaults
+LONG = 150  # the longer budget of section 5: does vanilla PPO hack the reward model given time?
+DEMO = {"kl_coef": 1.0, "policy_lr": 1e-4, "ptx_coef": 1.0, "critic_warmup_steps": 16}  # the demo's settings
+RUNS = {  # name -> (PPOConfig overrides over BUDGET, reward model the run is trained against)
+    "ppo-max": ({}, "denoised"),
+    "vanilla": ({"preset": "vanilla"}, "denoised"),
+    "demo settings (kl 1.0, lr 1e-4, ptx 1.0)": (DEMO, "denoised"),
+    "ppo-max + ptx 1.0": ({"ptx_coef": 1.0}, "denoised"),
+    "demo settings, critic warm-up 50 steps (Qwen)": (DEMO | {"critic_warmup_steps": 50}, "denoised"),
+    "no KL, denoised RM": ({"kl_coef": 0.0}, "denoised"),
+    "no KL, baseline RM": ({"kl_coef": 0.0}, "baseline"),
+    "top-p 1.0": ({"top_p": 1.0}, "denoised"),
+    "- reward normalisation": ({"reward_norm": False}, "denoised"),
+    "- advantage whitening": ({"norm_adv": False}, "denoised"),
+    "- value clipping": ({"clip_vloss": False}, "denoised"),
+    "- critic warm-up": ({"critic_warmup_steps": 0}, "denoised"),
+    "- critic from the RM": ({"critic_from_reward_model": False}, "denoised"),
+    "ppo-max, 150 iterations": ({"iterations": LONG}, "denoised"),
+    "vanilla, 150 iterations": ({"preset": "vanilla", "iterations": LONG}, "denoised"),
+    "demo settings, 150 iterations": (DEMO | {"iterations": LONG}, "denoised"),
+}
+ABLATION = ("ppo-max", "no KL, denoised RM", "- reward normalisation", "- advantage whitening", "- value clipping",
+            "- critic warm-up", "- critic from the RM", "top-p 1.0", "ppo-max + ptx 1.0")
+TAIL = 10  # iterations averaged for the "final" rollout numbers
+
+
+def round_artifacts(seed: int, workdir: Path) -> dict:
+    """The round up to the reward model (from the cache when it ran before), plus a baseline RM."""
+    from flows.round import rlhf_round
+    from rlhf_core.config import RoundConfig
+    from rlhf_core.reward.train import train_reward_model
+    from rlhf_core.schemas import read_table
+
+    cfg = RoundConfig(seed=seed, workdir=str(workdir))
+    art = rlhf_round(config=cfg, stop_after="reward")["artifacts"]
+    baseline_dir = workdir / "baseline-reward-model"
+    if not (baseline_dir / "config.json").exists():
+        raw = read_table("comparisons", Path(art["import_annotations"]["path"]) / "comparisons.parquet")
+        model, tokenizer, _ = train_reward_model(art["sft"]["path"], raw, cfg.reward.train, seed=seed)
+        tmp = workdir / "baseline-reward-model.tmp"
+        model.save(tmp, tokenizer)
+        tmp.rename(baseline_dir)
+    world = Path(art["world"]["path"])
+    return {"sft": art["sft"]["path"], "denoised": art["reward"]["path"], "baseline": str(baseline_dir),
+            "prompts": read_table("prompts", world / "prompts.parquet")["prompt"].tolist(),
+            "eval_prompts": read_table("prompts", world / "eval_prompts.parquet")["prompt"].tolist(),
+            "demos": str(Path(art["sft"]["path"]) / "demonstrations.parquet"), "max_length": cfg.reward.train.max_length}
+
+
+def greedy_gold_and_kl(policy, reference, tokenizer, prompts: list[str], seed: int) -> dict:
+    """Gold of greedy responses on held-out prompts, and Monte-Carlo KL(policy || reference) there."""
+    from rlhf_core.evaluation import kl_to_baseline
+    from rlhf_core.generation.sampler import sample_batch
+    from rlhf_core.models import format_query
+    from rlhf_core.sim.metrics import mean_gold
+
+    queries = [format_query(tokenizer, p) for p in prompts]
+    greedy = sample_batch(policy, tokenizer, queries, 24, temperature=0.0, generator_seed=seed).texts
+    kl = kl_to_baseline(policy, reference, tokenizer, prompts, 24, seed) if policy is not reference else 0.0
+    return {"gold_greedy": mean_gold(prompts, greedy), "kl_eval": kl}
+
+
+def run_one(name: str, art: dict, seed: int) -> dict:
+    import numpy as np
+    import pandas as pd
+
+    from rlhf_core import models
+    from rlhf_core.config import PPOConfig
+    from rlhf_core.ppo.trainer import train_ppo
+    from tasks.ppo import gold_scores, reward_scorer
+
+    overrides, reward = RUNS[name]
+    cfg = PPOConfig.model_validate(BUDGET | overrides)
+    ptx = None
+    if cfg.ptx_coef > 0:
+        demos = pd.read_parquet(art["demos"])
+        ptx = list(zip(demos["prompt"], demos["response"]))
+    t0 = time.time()
+    policy, tokenizer, history = train_ppo(art["sft"], reward_scorer(art[reward], art["max_length"]), art["prompts"],
+                                           cfg, seed=seed, critic_init_dir=art[reward], progress=True,
+                                           ptx_examples=ptx, gold_fn=gold_scores)
+    seconds = time.time() - t0
+    reference = models.load_policy(art["sft"]).eval()
+    tail = history[-TAIL:]
+    return {"name": name, "seed": seed, "seconds": seconds, "history": history,
+            **greedy_gold_and_kl(policy.eval(), reference, tokenizer, art["eval_prompts"], seed),
+            "gold_tail": float(np.mean([m["objective/gold"] for m in tail])),
+            "kl_tail": float(np.mean([m["objective/kl"] for m in tail])),
+            "score_tail": float(np.mean([m["objective/score"] for m in tail])),
+            "length_tail": float(np.mean([m["response/length"] for m in tail])),
+            "ppl_max": float(max(m["objective/perplexity"] for m in history)),
+            "ppl_tail": float(np.mean([m["objective/perplexity"] for m in tail]))}
+
+
+# ---------------------------------------------------------------- report
+
+
+def _cell(values, fmt: str = "{:.3f}") -> str:
+    import numpy as np
+
+    values = [v for v in values if v is not None]
+    if not values:
+        return "–"
+    if len(values) == 1:
+        return fmt.format(values[0])
+    return f"{fmt.format(float(np.mean(values)))} ({fmt.format(min(values))}..{fmt.format(max(values))})"
+
+
+COLUMNS = (("gold, greedy, held-out", "gold_greedy"), ("Δ gold vs SFT", "gold_gain"), ("KL vs SFT, held-out", "kl_eval"),
+           (f"gold, rollouts, last {TAIL}", "gold_tail"), (f"RM score, last {TAIL}", "score_tail"),
+           (f"KL, last {TAIL}", "kl_tail"), ("perplexity max", "ppl_max"), (f"length, last {TAIL}", "length_tail"))
+
+
+def _table(results: dict[str, list[dict]], names) -> list[str]:
+    lines = ["| run | " + " | ".join(c for c, _ in COLUMNS) + " |", "|---|" + "---|" * len(COLUMNS)]
+    for name in names:
+        rows = results.get(name, [])
+        if rows:
+            lines.append(f"| {name} | " + " | ".join(_cell([r[k] for r in rows]) for _, k in COLUMNS) + " |")
+    return lines
+
+
+def write_report(results: dict[str, list[dict]], sft: dict[int, dict], out: Path, figure_dir: Path) -> None:
+    from tasks.plots import ppo_curves
+
+    seeds = sorted(sft)
+    for rows in results.values():
+        for r in rows:
+            r["gold_gain"] = r["gold_greedy"] - sft[r["seed"]]["gold_greedy"]
+    figure_dir.mkdir(parents=True, exist_ok=True)
+    first = seeds[0]
+
+    def figure(names, file):
+        runs = {n: next(r["history"] for r in results[n] if r["seed"] == first) for n in names if n in results}
+        fig = ppo_curves(runs)
+        fig.savefig(figure_dir / file, dpi=90)
+        return f"![{file}](figures/{file})"
+
+    minutes = sum(r["seconds"] for rows in results.values() for r in rows) / 60
+    lines = [
+        "# PPO-max on the simulated world",
+        "",
+        f"Measured {datetime.now(timezone.utc):%Y-%m-%d} by `benchmarks/ppo_max.py --seeds {' '.join(map(str, seeds))}`"
+        f" on {platform.machine()}, {os.cpu_count()} cores, no GPU; {minutes:.0f} min of PPO in all.",
+        "Every run: the round's SFT policy, the demo's budget (60 iterations x 32 prompts x 2 responses), the",
+        "round's denoised reward model unless the name says baseline; `ppo-max` is `PPOConfig()`'s defaults.",
+        f"Cells: mean over seeds {', '.join(map(str, seeds))} (min..max). Gold greedy is on the held-out prompts "
+        f"(SFT: {_cell([sft[s]['gold_greedy'] for s in seeds])}).",
+        "",
+        "## 1. PPO-max against vanilla PPO (Part I Fig. 4)",
+        "",
+        *_table(results, ("ppo-max", "vanilla", "demo settings (kl 1.0, lr 1e-4, ptx 1.0)", "ppo-max + ptx 1.0",
+                           "demo settings, critic warm-up 50 steps (Qwen)")),
+        "",
+        figure(("ppo-max", "vanilla"), "ppo-max-vs-vanilla.png") + f" (seed {first})",
+        "",
+        "## 2. No KL penalty: the denoised against the baseline reward model (Part II Fig. 9)",
+        "",
+        *_table(results, ("no KL, denoised RM", "no KL, baseline RM")),
+        "",
+        figure(("no KL, denoised RM", "no KL, baseline RM"), "ppo-no-kl-denoised-vs-baseline.png") + f" (seed {first})",
+        "",
+        "## 3. Top-p 1.0 against 0.9 (Qwen)",
+        "",
+        *_table(results, ("ppo-max", "top-p 1.0")),
+        "",
+        figure(("ppo-max", "top-p 1.0"), "ppo-top-p.png") + f" (seed {first})",
+        "",
+        "## 4. Ablation: each PPO-max switch off alone",
+        "",
+        *_table(results, ABLATION),
+        "",
+        f"## 5. A longer budget: {LONG} iterations",
+        "",
+        *_table(results, ("ppo-max, 150 iterations", "vanilla, 150 iterations", "demo settings, 150 iterations")),
+        "",
+        figure(("ppo-max, 150 iterations", "vanilla, 150 iterations", "demo settings, 150 iterations"),
+               "ppo-long-budget.png") + f" (seed {first})",
+        "",
+    ]
+    out.write_text("\n".join(lines) + "\n")
+    summary = {name: [{k: v for k, v in r.items() if k != "history"} for r in rows] for name, rows in results.items()}
+    out.with_suffix(".json").write_text(json.dumps({"sft": sft, "runs": summary}, indent=1) + "\n")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--runs", nargs="+", default=list(RUNS), choices=list(RUNS), metavar="NAME")
+    parser.add_argument("--work-dir", type=Path, default=Path("rlhf-runs/benchmarks/ppo-max"))
+    parser.add_argument("--out", type=Path, default=Path("docs/ppo-max-benchmark.md"))
+    args = parser.parse_args()
+
+    import torch
+
+    from rlhf_core import models
+    from rlhf_core.artifacts import atomic_write_text
+
+    torch.set_num_threads(os.cpu_count() or 1)
+    results: dict[str, list[dict]] = {}
+    sft: dict[int, dict] = {}
+    for seed in args.seeds:
+        art = round_artifacts(seed, args.work_dir / f"round-seed{seed}")
+        sft_file = args.work_dir / f"seed{seed}-sft.json"
+        if not sft_file.exists():
+            ref = models.load_policy(art["sft"]).eval()
+            atomic_write_text(sft_file, json.dumps(greedy_gold_and_kl(ref, ref, models.load_tokenizer(art["sft"]),
+                                                                      art["eval_prompts"], seed)))
+        sft[seed] = json.loads(sft_file.read_text())
+        for name in args.runs:
+            path = args.work_dir / f"seed{seed}-{name.replace(' ', '_').replace('/', '_')}.json"
+            if not path.exists():
+                atomic_write_text(path, json.dumps(run_one(name, art, seed)))
+                print(seed, name, {k: v for k, v in json.loads(path.read_text()).items() if k != "history"},
+                      flush=True)
+            results.setdefault(name, []).append(json.loads(path.read_text()))
+    write_report(results, sft, args.out, args.out.parent / "figures")
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
