@@ -107,7 +107,8 @@ class TaggerConfig(StrictModel):
     base_url: str | None = Field(None, description="llm: OpenAI-compatible API root, e.g. https://api.openai.com/v1")
     model: str | None = Field(None, description="llm: model name sent to the API")
     api_key_env: str | None = Field(
-        "OPENAI_API_KEY", description="llm: NAME of the environment variable holding the API key (never the key); "
+        "OPENAI_API_KEY", pattern=r"^[A-Za-z_][A-Za-z0-9_]*$",
+        description="llm: NAME of the environment variable holding the API key (never the key); "
         "None for a server that needs no key",
     )
     cache_file: str = Field(
@@ -576,6 +577,9 @@ class RoundConfig(StrictModel):
 # ---------------------------------------------------------------- loading and digests
 
 
+SECRET_BEARING_KEYS = ("api_key_env",)  # config keys a user may fill with a secret by mistake
+
+
 def _format_errors(err: ValidationError, source: str) -> str:
     lines = [f"invalid config {source}:"]
     for e in err.errors():
@@ -584,6 +588,8 @@ def _format_errors(err: ValidationError, source: str) -> str:
             lines.append(f"  {key}: unknown key (check the spelling; `rlhf schema` lists every key)")
         elif not e["loc"]:  # a check across several keys: its message names them
             lines.append(f"  {e['msg'].removeprefix('Value error, ')}")
+        elif e["loc"][-1] in SECRET_BEARING_KEYS:  # a key pasted here must not reach a log or the console
+            lines.append(f"  {key}: {e['msg']} (value not shown: give the NAME of the variable that holds the key)")
         else:
             got = e.get("input")
             got_s = repr(got) if not isinstance(got, dict) else "a mapping"

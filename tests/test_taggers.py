@@ -47,6 +47,10 @@ class _Handler(BaseHTTPRequestHandler):
             return self._send(401, {"error": {"message": "Incorrect API key provided"}})
         if fail:
             return self._send(srv.fail_status, {"error": {"message": "overloaded"}}, srv.fail_headers)
+        if srv.mode == "echo_body":  # a 200 whose body is not a completion and echoes the request header
+            return self._send(200, f"bad gateway page; you sent {self.headers.get('Authorization')}")
+        if srv.mode == "echo_content":  # a completion whose content (no tags in it) echoes the header
+            return self._send(200, {"choices": [{"message": {"content": f"hello {self.headers.get('Authorization')}"}}]})
         prompt = body["messages"][-1]["content"]
         content = json.dumps({"tags": _tags_for(prompt)})
         if srv.mode == "prose":
@@ -224,3 +228,24 @@ def test_llm_source_of_the_sampling_stage_tags_and_caches_under_the_workdir(serv
     assert len(cache.read_text().splitlines()) == 3 and key not in cache.read_text()
     run_sampling(pool, cfg, seed=0, workdir=tmp_path)  # a re-run is served from the cache
     assert server.requests == 3
+
+
+@pytest.mark.parametrize("mode", ["echo_body", "echo_content"])
+def test_a_server_echoing_the_key_in_a_200_answer_never_puts_it_in_the_error(server, tmp_path, key, mode):
+    server.mode = mode
+    with pytest.raises(ValueError, match="no tags in model output") as err:
+        _tagger(server, tmp_path).tag(["x"])
+    assert key not in str(err.value) and "***" in str(err.value)
+    assert server.auth == [f"Bearer {key}"] * 2  # it was sent (and echoed) twice: the parse retry
+
+
+def test_a_key_pasted_into_api_key_env_is_refused_without_echoing_it(server, tmp_path, monkeypatch):
+    from rlhf_core.config import ConfigError, parse_config
+
+    with pytest.raises(TaggerError, match="NAME of an environment variable") as err:
+        _tagger(server, tmp_path, api_key_env=KEY).tag(PROMPTS[:1])
+    assert KEY not in str(err.value) and server.requests == 0
+    with pytest.raises(ConfigError, match="sampling.tagger.api_key_env") as err:
+        parse_config({"sampling": {"tagger": {"source": "llm", "base_url": "http://127.0.0.1:1/v1", "model": "m",
+                                              "api_key_env": KEY}}})
+    assert KEY not in str(err.value) and "value not shown" in str(err.value)

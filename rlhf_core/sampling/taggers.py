@@ -137,6 +137,9 @@ def _server_message(response: httpx.Response) -> str:
         return response.text[:500]
 
 
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
 def _scrub(text: str, secret: str | None) -> str:
     """Remove the key from a message, in case a server or library echoes it."""
     return text.replace(secret, "***") if secret else text
@@ -200,6 +203,9 @@ class LLMTagger:
         """The key from the environment, read at call time; None when no key is used."""
         if self.api_key_env is None:
             return None
+        if not ENV_NAME.fullmatch(self.api_key_env):  # a key pasted where its variable's name belongs
+            raise TaggerError("api_key_env must be the NAME of an environment variable (letters, digits, _), "
+                              "not the key itself: export the key, e.g. OPENAI_API_KEY=..., and give that name")
         key = os.environ.get(self.api_key_env)
         if not key:
             raise TaggerError(
@@ -270,9 +276,9 @@ class LLMTagger:
                 self.retries += 1
             try:
                 return parse_tags(self._post(client, prompt, key), self.max_tags)
-            except ValueError:
+            except ValueError as e:  # the message quotes the server's answer, which may echo the key
                 if attempt:
-                    raise
+                    raise ValueError(_scrub(str(e), key)) from None
         raise AssertionError("unreachable")
 
     def tag(self, prompts: list[str], progress: bool = False) -> list[list[str]]:
