@@ -6,7 +6,8 @@ stage execution:
   2. a nested MLflow run under the round's run, with params, input datasets and lineage tags;
   3. a cache hit returns the earlier artifact (tagged `rlhf.cache=hit`), else `produce` writes
      into a staging directory which is committed atomically;
-  4. metrics, output tables, plots and models go to MLflow.
+  4. metrics, output tables, plots and models go to MLflow (a hit logs the artifact's metrics and
+     output tables again, and registers its model if no version holds that digest yet).
 """
 
 from __future__ import annotations
@@ -139,6 +140,8 @@ def run_stage(
             tracker.set_tags(run_id, {"rlhf.cache": "hit", "rlhf.output": f"{hit.kind}:{hit.digest}",
                                       "rlhf.output_path": hit.path})
             tracker.log_metrics(run_id, store.manifest(hit).metrics)
+            # outputs as on a miss; this also registers a model whose first run was killed before it could
+            _log_outputs(tracker, run_id, hit, register_as, stage)
             tracker.end_run(run_id)
             return hit
 

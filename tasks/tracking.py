@@ -119,14 +119,24 @@ class Tracker:
         plt.close(fig)
 
     def register_model(self, run_id: str, model_dir: Path, name: str, alias: str, tags: dict[str, str]) -> int:
-        """Upload an HF model directory to the run and register it under `name` with `alias`."""
-        self.client.log_artifacts(run_id, str(model_dir), "model")
+        """Upload an HF model directory to the run and register it under `name` with `alias`.
+
+        A model whose `rlhf.digest` tag is already registered under `name` is not uploaded again:
+        that version gets the alias (a cache hit, or a re-run after a kill, registers a digest once).
+        """
         try:
             self.client.get_registered_model(name)
         except mlflow.exceptions.MlflowException:
             self.client.create_registered_model(name)
-        source = f"{self.client.get_run(run_id).info.artifact_uri}/model"
-        version = self.client.create_model_version(name, source=source, run_id=run_id, tags=tags)
+        digest = tags.get("rlhf.digest")
+        known = [v for v in self.client.search_model_versions(f"name = '{name}'")
+                 if digest is not None and v.tags.get("rlhf.digest") == digest]
+        if known:
+            version = min(known, key=lambda v: int(v.version))
+        else:
+            self.client.log_artifacts(run_id, str(model_dir), "model")
+            source = f"{self.client.get_run(run_id).info.artifact_uri}/model"
+            version = self.client.create_model_version(name, source=source, run_id=run_id, tags=tags)
         self.client.set_registered_model_alias(name, alias, version.version)
         return int(version.version)
 

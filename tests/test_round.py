@@ -78,6 +78,28 @@ def test_models_registered_and_reload_with_transformers(two_rounds, tmp_path):
                build_tokenizer()("Q: 1+1\nA:", add_special_tokens=False).input_ids != []
 
 
+def test_a_model_is_registered_once_per_digest_and_again_after_a_kill_lost_it(two_rounds):
+    """The second (cached) round registers nothing new; a round whose registration was lost (killed after
+    the cache entry was written, here: the registered model deleted) registers it on the cache hit."""
+    from flows.round import rlhf_round
+
+    cfg, first, second = two_rounds
+    uri = first["mlflow"]["tracking_uri"]
+    client = MlflowClient(uri, registry_uri=uri)
+    versions = client.search_model_versions("name = 'rlhf-policy'")
+    digests = [v.tags["rlhf.digest"] for v in versions]
+    assert len(digests) == len(set(digests)) and first["artifacts"]["ppo"]["digest"] in digests
+    client.delete_registered_model("rlhf-policy")
+    third = rlhf_round(config=cfg)
+    candidate = client.get_model_version_by_alias("rlhf-policy", "candidate")
+    assert candidate.tags["rlhf.digest"] == third["artifacts"]["ppo"]["digest"] == first["artifacts"]["ppo"]["digest"]
+    assert len(client.search_model_versions("name = 'rlhf-policy'")) == 1
+    # a cached stage shows its output tables as a miss does
+    vote = next(r for r in _children(client, third["mlflow"]["run_id"]) if r.data.tags["rlhf.stage"] == "vote")
+    assert vote.data.tags["rlhf.cache"] == "hit"
+    assert any(f.path.endswith(".parquet") for f in client.list_artifacts(vote.info.run_id, "outputs"))
+
+
 def test_headline_numbers_are_real(two_rounds):
     _, first, _ = two_rounds
     h = first["headline"]
