@@ -38,9 +38,21 @@ def _load(config: Optional[Path], overrides: list[str]):
         raise typer.Exit(2) from None
 
 
+def _check_tracking(cfg) -> None:
+    """A dead tracking server is a user error: one line and exit 2 before the flow starts."""
+    from tasks.tracking import TrackingUnavailableError, check_tracking_server, default_tracking_uri
+
+    try:
+        check_tracking_server(cfg.tracking_uri or default_tracking_uri(cfg.workdir))
+    except TrackingUnavailableError as err:
+        console.print(f"[red]{err}[/red]", soft_wrap=True)
+        raise typer.Exit(2) from None
+
+
 def _run(cfg, stop_after: Optional[str] = None) -> dict:
     from flows.round import rlhf_round
 
+    _check_tracking(cfg)
     summary = rlhf_round(config=cfg, stop_after=stop_after)
     print_summary(summary)
     return summary
@@ -92,7 +104,9 @@ def rounds(
     """Iterated RLHF: each round annotates the previous round's policy and improves it."""
     from flows.round import rlhf_rounds
 
-    for summary in rlhf_rounds(config=_load(config, set_), n_rounds=n):
+    cfg = _load(config, set_)
+    _check_tracking(cfg)
+    for summary in rlhf_rounds(config=cfg, n_rounds=n):
         print_summary(summary)
 
 

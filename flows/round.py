@@ -25,7 +25,7 @@ from tasks.generation import generate
 from tasks.ppo import train_policy
 from tasks.reward import train_reward
 from tasks.sampling import sample_prompts
-from tasks.tracking import Tracker, default_tracking_uri
+from tasks.tracking import Tracker, check_tracking_server, default_tracking_uri
 from tasks.voting import vote_strength
 from tasks.world import build_world, train_sft_policy
 
@@ -55,8 +55,9 @@ HEADLINE = {
 def open_round(config: RoundConfig, round_no: int = 1) -> RunContext:
     """Create the round's parent MLflow run, tagged with the Prefect flow run."""
     workdir = Path(config.workdir).resolve()
-    workdir.mkdir(parents=True, exist_ok=True)
     uri = config.tracking_uri or default_tracking_uri(workdir)
+    check_tracking_server(uri)  # in seconds, before anything is created
+    workdir.mkdir(parents=True, exist_ok=True)
     tracker = Tracker(uri, config.experiment, workdir / "mlartifacts")
     flow_run_id = str(flow_run.id or "")
     tags = {

@@ -33,6 +33,35 @@ def default_tracking_uri(workdir: str | Path) -> str:
     return f"sqlite:///{(Path(workdir).resolve() / 'mlflow.db').as_posix()}"
 
 
+class TrackingUnavailableError(RuntimeError):
+    """The configured MLflow tracking server does not answer; raised before any work starts."""
+
+
+def check_tracking_server(uri: str, timeout_s: float = 5.0) -> None:
+    """Fail in seconds, with one line, when an http(s) tracking URI does not answer its /health.
+
+    MlflowClient itself retries a dead server for minutes before failing; a local store needs no check.
+    """
+    if not uri.startswith(("http://", "https://")):
+        return
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"{uri.rstrip('/')}/health", timeout=timeout_s) as response:
+            if response.status == 200:
+                return
+            problem = f"HTTP {response.status}"
+    except urllib.error.HTTPError as err:
+        problem = f"HTTP {err.code}"
+    except (urllib.error.URLError, OSError) as err:
+        problem = str(getattr(err, "reason", err))
+    raise TrackingUnavailableError(
+        f"the MLflow tracking server {uri} does not answer ({problem}): start it (bash infra/services.sh start), "
+        "or unset MLFLOW_TRACKING_URI / tracking_uri to log to <workdir>/mlflow.db"
+    )
+
+
 def flatten_params(data: dict[str, Any], prefix: str = "") -> dict[str, str]:
     """{"ppo": {"kl_coef": 0.05}} -> {"ppo.kl_coef": "0.05"}; secret-looking keys are dropped."""
     out: dict[str, str] = {}

@@ -1,5 +1,6 @@
 """The `rlhf` command line: bad configs stop before any work, with the key and the expected type."""
 
+import pytest
 from typer.testing import CliRunner
 
 from flows.cli import app
@@ -45,3 +46,26 @@ def test_a_config_naming_a_file_outside_the_allowed_roots_is_refused(tmp_path, m
     result = runner.invoke(app, ["validate", str(cfg)])
     assert result.exit_code == 2 and "annotation.exports[0]" in result.output and "RLHF_ALLOWED_ROOTS" in result.output
     assert runner.invoke(app, ["demo", "--config", str(cfg)]).exit_code == 2
+
+
+def test_a_dead_tracking_server_fails_in_seconds_with_one_line(tmp_path, monkeypatch):
+    import socket
+    import time
+
+    from flows.round import rlhf_round
+    from rlhf_core.config import RoundConfig
+    from tasks.tracking import TrackingUnavailableError
+
+    with socket.socket() as s:  # a loopback port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"http://127.0.0.1:{port}")
+    start = time.time()
+    result = runner.invoke(app, ["demo", "--set", f"workdir={tmp_path / 'w'}"])
+    assert result.exit_code == 2 and time.time() - start < 30
+    assert f"the MLflow tracking server http://127.0.0.1:{port} does not answer" in result.output
+    assert "Traceback" not in result.output and not (tmp_path / "w").exists()
+    # the flow itself (a run triggered from the UI) fails before any stage, too
+    with pytest.raises(TrackingUnavailableError):
+        rlhf_round.fn(config=RoundConfig(workdir=str(tmp_path / "w2")))
+    assert not (tmp_path / "w2").exists()
