@@ -113,8 +113,14 @@ def run_stage(
     inputs: dict[str, ArtifactRef],
     produce: Produce,
     register_as: str | None = None,
+    execution: dict[str, Any] | None = None,
 ) -> ArtifactRef:
-    """Run (or reuse) one stage execution and return its output artifact."""
+    """Run (or reuse) one stage execution and return its output artifact.
+
+    `execution`: settings that change how the stage runs but not what it produces (e.g. the
+    number of worker ranks, whose results are tested equal): logged as `execution.*` params, kept
+    out of the cache key, so changing them reuses the artifact.
+    """
     cfg_dict = config.model_dump(mode="json") if isinstance(config, BaseModel) else dict(config)
     cfg_digest = config_digest(cfg_dict)
     key = cache_key(stage, version, cfg_digest, {n: r.digest for n, r in inputs.items()})
@@ -132,7 +138,7 @@ def run_stage(
     }
     run_id = tracker.start_run(stage, tags, parent_run_id=ctx.parent_run_id)
     try:
-        tracker.log_params(run_id, cfg_dict)
+        tracker.log_params(run_id, cfg_dict | ({"execution": execution} if execution else {}))
         _log_input_tables(tracker, run_id, inputs)
         hit = store.lookup(key)
         if hit is not None:

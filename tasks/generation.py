@@ -61,7 +61,8 @@ def generate(ctx: RunContext, cfg: GenerationConfig, sampled: ArtifactRef, polic
         run_worker("rlhf_core.workers.generate", args, cfg.num_processes, scratch / "worker.log")
         return int((shard_dir / "world_size.txt").read_text())
 
-    config = {"generation": cfg.model_dump(), "seed": seed, "backend": backend,
+    config = {"generation": cfg.model_dump(exclude={"num_processes"}), "seed": seed, "backend": backend,
               "generators": {g.name: g.generator_id for g in generators}}
     return run_stage(ctx, stage="generate", version=VERSION, kind="responses", config=config,
-                     inputs={"sampled_prompts": sampled, "policy": policy}, produce=produce)
+                     inputs={"sampled_prompts": sampled, "policy": policy}, produce=produce,
+                     execution={"num_processes": cfg.num_processes})  # 1 and N ranks give the same responses

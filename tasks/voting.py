@@ -53,8 +53,9 @@ def vote_strength(ctx: RunContext, cfg: VotingConfig, comparisons: ArtifactRef, 
         return metrics
 
     return run_stage(ctx, stage="vote", version=VERSION, kind="votes",
-                     config={"voting": cfg.model_dump(), "seed": seed},
-                     inputs={"comparisons": comparisons, "policy": policy}, produce=produce)
+                     config={"voting": cfg.model_dump(exclude={"num_processes"}), "seed": seed},
+                     inputs={"comparisons": comparisons, "policy": policy}, produce=produce,
+                     execution={"num_processes": cfg.num_processes})  # 1 and N ranks give the same votes
 
 
 def _gold_report(pairs: pd.DataFrame, votes: pd.DataFrame, run: StageRun) -> dict[str, float]:

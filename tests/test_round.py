@@ -196,6 +196,12 @@ def test_vote_on_two_worker_ranks_and_metarm_on_the_rounds_responses(prefect_api
     assert runs["reward"].data.tags["rlhf.input.responses"] == f"responses:{summary['artifacts']['generate']['digest']}"
     assert 0.5 <= runs["reward"].data.metrics["reward/meta_difference"] < 1.0
     assert runs["reward"].data.params["reward.train.meta.enabled"] == "True"
+    assert runs["vote"].data.params["execution.num_processes"] == "2"
+    # the number of ranks is not part of the cache key: one rank reuses the 2-rank votes
+    again = rlhf_round(config=cfg.model_copy(update={"voting": cfg.voting.model_copy(update={"num_processes": 1})}),
+                       stop_after="vote")
+    vote = next(r for r in _children(client, again["mlflow"]["run_id"]) if r.data.tags["rlhf.stage"] == "vote")
+    assert vote.data.tags["rlhf.cache"] == "hit" and again["artifacts"]["vote"] == summary["artifacts"]["vote"]
 
 
 def test_killed_ppo_stage_resumes_from_its_checkpoint(two_rounds, monkeypatch):
