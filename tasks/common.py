@@ -94,6 +94,16 @@ class StageRun:
 Produce = Callable[[Path, StageRun], dict[str, float]]
 
 
+def _stage_logger() -> logging.Logger | logging.LoggerAdapter:
+    """The Prefect run's logger (console and the UI's log view) inside a run, else the module's."""
+    try:
+        from prefect.logging import get_run_logger
+
+        return get_run_logger()
+    except Exception:  # outside a Prefect run (tests calling .fn, benchmarks)
+        return log
+
+
 def _prefect_task_run_id() -> str:
     try:
         from prefect.runtime import task_run
@@ -142,7 +152,8 @@ def run_stage(
         _log_input_tables(tracker, run_id, inputs)
         hit = store.lookup(key)
         if hit is not None:
-            log.info("stage %s: cache hit, reusing %s %s", stage, hit.kind, hit.digest[:12])
+            _stage_logger().info("stage %s: served from the cache (%s %s, stage version %s)", stage, hit.kind,
+                                 hit.digest[:12], version)
             tracker.set_tags(run_id, {"rlhf.cache": "hit", "rlhf.output": f"{hit.kind}:{hit.digest}",
                                       "rlhf.output_path": hit.path})
             tracker.log_metrics(run_id, store.manifest(hit).metrics)
@@ -153,6 +164,8 @@ def run_stage(
 
         start = time.time()
         scratch = Path(ctx.workdir) / "scratch" / f"{stage}-{key[:16]}"
+        resuming = " (resuming from its scratch directory)" if scratch.exists() else ""
+        _stage_logger().info("stage %s: running%s", stage, resuming)
         with store.staging() as staged:
             metrics = dict(produce(staged, StageRun(tracker, run_id, scratch)))
             metrics["time/stage_seconds"] = time.time() - start
@@ -166,6 +179,8 @@ def run_stage(
                                   "rlhf.output_path": ref.path})
         _log_outputs(tracker, run_id, ref, register_as, stage)
         tracker.end_run(run_id)
+        _stage_logger().info("stage %s: done in %.0f s (%s %s)", stage, metrics["time/stage_seconds"], ref.kind,
+                             ref.digest[:12])
         return ref
     except BaseException:
         tracker.end_run(run_id, status="FAILED")

@@ -1,0 +1,31 @@
+"""`run_stage`, the one place a stage is cached, tracked and committed: what it tells the user."""
+
+import logging
+
+from rlhf_core.artifacts import ArtifactRef
+from tasks.common import RunContext, run_stage
+from tasks.tracking import Tracker
+
+
+def test_the_log_says_a_stage_ran_then_that_it_came_from_the_cache(tmp_path, caplog):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    parent = Tracker(uri, "stage-log").start_run("round", {})
+    ctx = RunContext(workdir=str(tmp_path), tracking_uri=uri, experiment="stage-log", parent_run_id=parent,
+                     round_name="t")
+
+    def produce(out, run):
+        (out / "numbers.json").write_text("[1, 2, 3]")
+        return {"count": 3.0}
+
+    def once() -> ArtifactRef:
+        return run_stage(ctx, stage="count", version="1", kind="numbers", config={"n": 3}, inputs={},
+                         produce=produce, execution={"num_processes": 1})
+
+    with caplog.at_level(logging.INFO, logger="rlhf"):
+        first = once()
+        second = once()
+    messages = [r.getMessage() for r in caplog.records if r.name == "rlhf"]
+    assert messages[0] == "stage count: running"
+    assert messages[1].startswith("stage count: done in ") and messages[1].endswith(f"(numbers {first.digest[:12]})")
+    assert messages[2] == f"stage count: served from the cache (numbers {first.digest[:12]}, stage version 1)"
+    assert second == first and len(messages) == 3
