@@ -18,7 +18,7 @@ from rlhf_core.artifacts import ArtifactRef
 from rlhf_core.config import RoundConfig, config_digest
 from rlhf_core.paths import check_config_paths
 from tasks.annotation import collect_annotations, import_annotations
-from tasks.common import RunContext, code_version
+from tasks.common import RunContext, code_version, lock_workdir
 from tasks.denoise import denoise_pairs
 from tasks.evaluation import evaluate
 from tasks.generation import generate
@@ -56,7 +56,6 @@ def open_round(config: RoundConfig, round_no: int = 1) -> RunContext:
     """Create the round's parent MLflow run, tagged with the Prefect flow run."""
     workdir = Path(config.workdir).resolve()
     uri = config.tracking_uri or default_tracking_uri(workdir)
-    check_tracking_server(uri)  # in seconds, before anything is created
     workdir.mkdir(parents=True, exist_ok=True)
     tracker = Tracker(uri, config.experiment, workdir / "mlartifacts")
     flow_run_id = str(flow_run.id or "")
@@ -91,6 +90,13 @@ def rlhf_round(config: RoundConfig = RoundConfig(), stop_after: StageName | None
     round 1, and the new policy is judged against SFT.
     """
     check_config_paths(config)  # every file the config names, before anything is created
+    check_tracking_server(config.tracking_uri or default_tracking_uri(Path(config.workdir).resolve()))
+    with lock_workdir(config.workdir):  # one round at a time per workdir (its store, scratch and mlflow.db)
+        return _run_stages(config, stop_after, round_no, start_policy)
+
+
+def _run_stages(config: RoundConfig, stop_after: StageName | None, round_no: int,
+                start_policy: ArtifactRef | None) -> dict[str, Any]:
     ctx = open_round(config, round_no)
     seed, simulated = config.seed + round_no - 1, not config.annotation.exports
     out: dict[str, ArtifactRef] = {}

@@ -12,14 +12,18 @@ stage execution:
 
 from __future__ import annotations
 
+import fcntl
 import logging
+import os
 import shutil
+import socket
 import subprocess
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import pandas as pd
 from pydantic import BaseModel, ConfigDict
@@ -70,6 +74,38 @@ def code_version() -> str:
     except (OSError, subprocess.SubprocessError):
         sha = ""
     return f"{rlhf_core.__version__}+{sha}" if sha else rlhf_core.__version__
+
+
+class WorkdirBusyError(RuntimeError):
+    """Another round holds the workdir."""
+
+
+@contextmanager
+def lock_workdir(workdir: str | Path) -> Iterator[None]:
+    """Hold `<workdir>/.round.lock` for the duration: a second round in the same workdir fails at once.
+
+    Two rounds at once in one workdir race on the first creation of mlflow.db, on the scratch
+    directories and on model registration. The lock is an flock, so a killed round releases it.
+    """
+    path = Path(workdir)
+    path.mkdir(parents=True, exist_ok=True)
+    with open(path / ".round.lock", "a+") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            f.seek(0)
+            holder = f.read().strip() or "another process"
+            raise WorkdirBusyError(f"another round is running in {path} ({holder}): wait for it to finish, "
+                                   "or give this round its own workdir") from None
+        f.seek(0)
+        f.truncate()
+        f.write(f"pid {os.getpid()} on {socket.gethostname()}")
+        f.flush()
+        try:
+            yield
+        finally:
+            f.truncate(0)
+            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 @dataclass
@@ -205,4 +241,5 @@ def _log_outputs(tracker: Tracker, run_id: str, ref: ArtifactRef, register_as: s
             tracker.log_artifact(run_id, f, "outputs")
 
 
-__all__ = ["RunContext", "StageRun", "run_stage", "config_digest", "code_version"]
+__all__ = ["RunContext", "StageRun", "run_stage", "config_digest", "code_version", "lock_workdir",
+           "WorkdirBusyError"]

@@ -1,5 +1,7 @@
 """The `rlhf` command line: bad configs stop before any work, with the key and the expected type."""
 
+import os
+
 import pytest
 from typer.testing import CliRunner
 
@@ -69,3 +71,16 @@ def test_a_dead_tracking_server_fails_in_seconds_with_one_line(tmp_path, monkeyp
     with pytest.raises(TrackingUnavailableError):
         rlhf_round.fn(config=RoundConfig(workdir=str(tmp_path / "w2")))
     assert not (tmp_path / "w2").exists()
+
+
+def test_a_second_round_in_a_busy_workdir_fails_at_once_naming_the_holder(tmp_path):
+    from flows.round import rlhf_round
+    from rlhf_core.config import RoundConfig
+    from tasks.common import WorkdirBusyError, lock_workdir
+
+    with lock_workdir(tmp_path):
+        with pytest.raises(WorkdirBusyError, match=f"another round is running in {tmp_path} \\(pid {os.getpid()}"):
+            rlhf_round.fn(config=RoundConfig(workdir=str(tmp_path)))
+    assert not (tmp_path / "mlflow.db").exists() and not (tmp_path / "artifacts").exists()  # nothing was started
+    with lock_workdir(tmp_path):  # released: the next holder gets it
+        pass
