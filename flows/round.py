@@ -58,8 +58,11 @@ def open_round(config: RoundConfig, round_no: int = 1) -> RunContext:
     uri = config.tracking_uri or default_tracking_uri(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     tracker = Tracker(uri, config.experiment, workdir / "mlartifacts")
+    if killed := tracker.close_killed_runs(str(workdir)):
+        get_run_logger().warning("marked %d MLflow run(s) of %s KILLED: left RUNNING by a killed round", killed, workdir)
     flow_run_id = str(flow_run.id or "")
     tags = {
+        "rlhf.workdir": str(workdir),
         "rlhf.round": config.name,
         "rlhf.round_no": str(round_no),
         "rlhf.config_digest": config_digest(config),

@@ -172,6 +172,7 @@ def run_stage(
     key = cache_key(stage, version, cfg_digest, {n: r.digest for n, r in inputs.items()})
     store, tracker = ctx.store, ctx.tracker
     tags = {
+        "rlhf.workdir": str(Path(ctx.workdir).resolve()),
         "rlhf.stage": stage,
         "rlhf.stage_version": version,
         "rlhf.round": ctx.round_name,

@@ -102,6 +102,16 @@ class Tracker:
     def end_run(self, run_id: str, status: str = "FINISHED") -> None:
         self.client.set_terminated(run_id, status=status)
 
+    def close_killed_runs(self, workdir: str) -> int:
+        """Mark KILLED the runs of `workdir` still RUNNING: called under the workdir's lock, so no live
+        round owns them; they were left by a killed process. Returns how many."""
+        stale = self.client.search_runs(
+            [self.experiment_id], filter_string=f"attributes.status = 'RUNNING' and tags.`rlhf.workdir` = '{workdir}'",
+            max_results=1000)
+        for run in stale:
+            self.client.set_terminated(run.info.run_id, status="KILLED")
+        return len(stale)
+
     # ------------------------------------------------------------ logging
     def log_params(self, run_id: str, params: dict[str, Any]) -> None:
         flat = flatten_params(params)

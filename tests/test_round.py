@@ -100,6 +100,23 @@ def test_a_model_is_registered_once_per_digest_and_again_after_a_kill_lost_it(tw
     assert any(f.path.endswith(".parquet") for f in client.list_artifacts(vote.info.run_id, "outputs"))
 
 
+def test_runs_a_killed_round_left_running_are_marked_killed_by_the_next_round(two_rounds):
+    from flows.round import rlhf_round
+    from tasks.tracking import Tracker
+
+    cfg, first, _ = two_rounds
+    uri, workdir = first["mlflow"]["tracking_uri"], str(Path(cfg.workdir).resolve())
+    tracker = Tracker(uri, cfg.experiment)
+    orphan = tracker.start_run("ppo", {"rlhf.workdir": workdir})  # as a SIGKILLed stage leaves it: RUNNING
+    elsewhere = tracker.start_run("ppo", {"rlhf.workdir": "/some/other/workdir"})
+    summary = rlhf_round(config=cfg, stop_after="world")
+    client = MlflowClient(uri)
+    assert client.get_run(orphan).info.status == "KILLED"
+    assert client.get_run(elsewhere).info.status == "RUNNING"  # not this workdir's: left alone
+    assert client.get_run(summary["mlflow"]["run_id"]).info.status == "FINISHED"
+    tracker.end_run(elsewhere)
+
+
 def test_headline_numbers_are_real(two_rounds):
     _, first, _ = two_rounds
     h = first["headline"]
