@@ -10,7 +10,16 @@ import tempfile
 from pathlib import Path
 from typing import Any, Literal
 
-from prefect import flow, get_run_logger
+from prefect import flow, get_client, get_run_logger
+from prefect.client.schemas.filters import (
+    FlowFilter,
+    FlowFilterName,
+    FlowRunFilter,
+    FlowRunFilterState,
+    FlowRunFilterStateType,
+)
+from prefect.client.schemas.objects import StateType
+from prefect.states import Crashed
 from prefect.runtime import flow_run
 
 import rlhf_core
@@ -60,6 +69,9 @@ def open_round(config: RoundConfig, round_no: int = 1) -> RunContext:
     tracker = Tracker(uri, config.experiment, workdir / "mlartifacts")
     if killed := tracker.close_killed_runs(str(workdir)):
         get_run_logger().warning("marked %d MLflow run(s) of %s KILLED: left RUNNING by a killed round", killed, workdir)
+    if crashed := crash_killed_flow_runs(workdir):
+        get_run_logger().warning("marked %d Prefect flow run(s) of %s CRASHED: left RUNNING by a killed round",
+                                 crashed, workdir)
     flow_run_id = str(flow_run.id or "")
     tags = {
         "rlhf.workdir": str(workdir),
@@ -75,6 +87,25 @@ def open_round(config: RoundConfig, round_no: int = 1) -> RunContext:
     tracker.log_params(parent, config.model_dump(mode="json"))
     return RunContext(workdir=str(workdir), tracking_uri=uri, experiment=config.experiment, parent_run_id=parent,
                       round_name=config.name, round_no=round_no, flow_run_id=flow_run_id)
+
+
+def crash_killed_flow_runs(workdir: Path) -> int:
+    """Mark CRASHED the rlhf-round flow runs of `workdir` (their config's) still RUNNING, but this one.
+
+    Called under the workdir's lock, so no live round owns them: a killed process left them so.
+    """
+    running = FlowRunFilter(state=FlowRunFilterState(type=FlowRunFilterStateType(any_=[StateType.RUNNING])))
+    crashed = 0
+    with get_client(sync_client=True) as client:
+        for run in client.read_flow_runs(flow_filter=FlowFilter(name=FlowFilterName(any_=["rlhf-round"])),
+                                         flow_run_filter=running):
+            run_workdir = (run.parameters.get("config") or {}).get("workdir")
+            if str(run.id) == str(flow_run.id) or run_workdir is None or Path(run_workdir).resolve() != workdir:
+                continue
+            client.set_flow_run_state(run.id, Crashed(message=f"left RUNNING by a killed process; closed by the "
+                                                              f"next round in {workdir}"), force=True)
+            crashed += 1
+    return crashed
 
 
 StageName = Literal["world", "sft", "sample", "generate", "annotators", "import_annotations", "vote", "denoise",

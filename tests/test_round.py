@@ -100,7 +100,10 @@ def test_a_model_is_registered_once_per_digest_and_again_after_a_kill_lost_it(tw
     assert any(f.path.endswith(".parquet") for f in client.list_artifacts(vote.info.run_id, "outputs"))
 
 
-def test_runs_a_killed_round_left_running_are_marked_killed_by_the_next_round(two_rounds):
+def test_runs_a_killed_round_left_running_are_closed_by_the_next_round(two_rounds):
+    from prefect import get_client
+    from prefect.states import Crashed, Running
+
     from flows.round import rlhf_round
     from tasks.tracking import Tracker
 
@@ -109,11 +112,20 @@ def test_runs_a_killed_round_left_running_are_marked_killed_by_the_next_round(tw
     tracker = Tracker(uri, cfg.experiment)
     orphan = tracker.start_run("ppo", {"rlhf.workdir": workdir})  # as a SIGKILLed stage leaves it: RUNNING
     elsewhere = tracker.start_run("ppo", {"rlhf.workdir": "/some/other/workdir"})
+    with get_client(sync_client=True) as prefect:  # a flow run a SIGKILLed round left RUNNING, and another's
+        flow_runs = {name: prefect.create_flow_run(rlhf_round, name=name, state=Running(),
+                                                   parameters={"config": {"workdir": wd}})
+                     for name, wd in (("killed-here", workdir), ("elsewhere", "/some/other/workdir"))}
     summary = rlhf_round(config=cfg, stop_after="world")
     client = MlflowClient(uri)
     assert client.get_run(orphan).info.status == "KILLED"
     assert client.get_run(elsewhere).info.status == "RUNNING"  # not this workdir's: left alone
     assert client.get_run(summary["mlflow"]["run_id"]).info.status == "FINISHED"
+    with get_client(sync_client=True) as prefect:
+        states = {name: prefect.read_flow_run(run.id).state for name, run in flow_runs.items()}
+        assert states["killed-here"].is_crashed() and states["elsewhere"].is_running()
+        assert prefect.read_flow_run(summary["prefect_flow_run_id"]).state.is_completed()
+        prefect.set_flow_run_state(flow_runs["elsewhere"].id, Crashed(), force=True)
     tracker.end_run(elsewhere)
 
 
