@@ -420,7 +420,8 @@ class PPOConfig(StrictModel):
 
     preset: Literal["ppo-max", "vanilla"] = Field(
         "ppo-max", description="ppo-max: every trick at its paper default; vanilla: kl_coef 0, reward_norm false, "
-        "clip_vloss false, norm_adv false, critic_warmup_steps 0, ptx_coef 0. Keys set explicitly override it",
+        "clip_vloss false, norm_adv false, critic_warmup_steps 0, ptx_coef 0. Keys set explicitly override it. "
+        "The Prefect UI form sends every key, so there set the switches themselves",
     )
     # Each switch names its source: Part I = Secrets of RLHF Part I (PPO-max, the section "Implement
     # Details in PPO"); Qwen = the Qwen technical report, RLHF section (values at 7B+ scale).
@@ -554,9 +555,9 @@ class RoundConfig(StrictModel):
     voting: VotingConfig = VotingConfig()
     denoise: DenoiseConfig = DenoiseConfig()
     reward: RewardConfig = RewardConfig()
-    # A strong KL anchor and the ptx loss on the SFT demonstrations: set when the reward model barely
-    # verified arithmetic (issue 9 revisits them with the reward models of docs/reward-modelling.md).
-    ppo: PPOConfig = PPOConfig(iterations=60, kl_coef=1.0, policy_lr=1e-4, ptx_coef=1.0, critic_warmup_steps=16)
+    # PPO-max as the papers give it, with the policy learning rate scaled to the tiny model: 1e-5 gave
+    # the best held-out gold of 3e-6..3e-4 (docs/ppo-max.md, section 5); Qwen uses 1e-6 at 7B.
+    ppo: PPOConfig = PPOConfig(iterations=60, policy_lr=1e-5)
     evaluation: EvalConfig = EvalConfig()
 
     @model_validator(mode="after")
@@ -570,6 +571,12 @@ class RoundConfig(StrictModel):
             raise ValueError(
                 f"evaluation.n_prompts ({self.evaluation.n_prompts}) exceeds world.n_eval_prompts "
                 f"({self.world.n_eval_prompts})"
+            )
+        per_prompt = sum(s.n for g in self.generation.generators for s in g.strategies)
+        if not self.annotation.exports and per_prompt < 2:
+            raise ValueError(
+                f"generation: the plan gives {per_prompt} response per prompt, and the simulated annotators "
+                "compare two responses of a prompt: give a strategy n >= 2, or another strategy or generator"
             )
         return self
 
@@ -629,7 +636,9 @@ def load_config(path: str | Path, cls: type[StrictModel] = RoundConfig, override
     if not path.is_file():
         raise ConfigError(f"config file not found: {path}")
     try:
-        data = yaml.safe_load(path.read_text()) or {}
+        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except UnicodeDecodeError as err:
+        raise ConfigError(f"{path} is not UTF-8 text ({err.reason} at byte {err.start}): save it as UTF-8") from None
     except yaml.YAMLError as err:
         raise ConfigError(f"{path} is not valid YAML: {err}") from None
     if not isinstance(data, dict):

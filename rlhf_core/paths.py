@@ -62,6 +62,14 @@ def config_paths(config) -> list[tuple[str, str]]:
 
 def check_config_paths(config) -> dict[str, Path]:
     """Resolve every path of a RoundConfig under the allowed roots (see the module docstring);
-    raise PathNotAllowedError naming the first key that is outside them or missing."""
+    raise PathNotAllowedError naming the first key that is outside them, missing, or of the wrong
+    kind (an export that is a directory, a workdir that is a file)."""
+    workdir = Path(config.workdir).expanduser()
+    if workdir.exists() and not workdir.is_dir():
+        raise PathNotAllowedError(f"workdir: {config.workdir} is a file; give a directory (it is created if missing)")
     roots = allowed_roots(config.workdir)
-    return {key: resolve_allowed(path, key, roots) for key, path in config_paths(config)}
+    resolved = {key: resolve_allowed(path, key, roots) for key, path in config_paths(config)}
+    for key, path in resolved.items():
+        if key.startswith("annotation.exports") and not path.is_file():
+            raise PathNotAllowedError(f"{key}: {path} is a directory; list the export files themselves")
+    return resolved

@@ -54,3 +54,21 @@ def test_every_path_field_of_a_round_config_is_checked(layout):
         check_config_paths(cfg)
     assert check_config_paths(parse_config({"annotation": {"exports": ["data/ok.json"]}})) == {
         "annotation.exports[0]": layout / "project" / "data" / "ok.json"}
+
+
+def test_a_directory_export_a_file_workdir_a_non_utf8_config_and_a_one_response_plan_are_refused(layout):
+    from rlhf_core.config import ConfigError, load_config
+
+    with pytest.raises(PathNotAllowedError, match=r"annotation.exports\[0\]: .*data is a directory"):
+        check_config_paths(parse_config({"annotation": {"exports": ["data"]}}))
+    with pytest.raises(PathNotAllowedError, match="workdir: .*ok.json is a file"):
+        check_config_paths(parse_config({"workdir": "data/ok.json"}))
+    utf16 = layout / "project" / "round.yaml"
+    utf16.write_text("seed: 3\n", encoding="utf-16")
+    with pytest.raises(ConfigError, match="round.yaml is not UTF-8 text"):
+        load_config(utf16)
+    one = {"generation": {"generators": [{"name": "policy", "model": "policy",
+                                          "strategies": [{"name": "greedy", "temperature": 0.0, "n": 1}]}]}}
+    with pytest.raises(ConfigError, match="the plan gives 1 response per prompt"):
+        parse_config(one)
+    assert parse_config(one | {"annotation": {"exports": ["data/ok.json"]}})  # pairs come from the exports
