@@ -4,18 +4,20 @@
 
 Per seed, the round runs up to the reward model in --work-dir (the stages come from its cache on a
 re-run), and a baseline reward model is trained with the same recipe on the raw (not denoised)
-labels. Then every run of RUNS trains PPO from the SFT policy with the same budget (the demo's
-60 iterations of 32 prompts x 2 responses) and is measured:
+labels. Then every run of RUNS trains PPO from the SFT policy with the round's own PPO config (the
+demo's: PPO-max, 60 iterations of 32 prompts x 2 responses) and the run's changes, and is measured:
 
 - the training curves (RM score, gold, KL, perplexity, length, entropy, clip fractions, value error);
 - gold of the final policy's greedy responses on the held-out prompts, and KL(policy || SFT) there;
 - the last 10 iterations' mean gold and KL of the rollouts, and the largest perplexity seen.
 
 Sections: PPO-max vs vanilla (Part I Fig. 4), no KL penalty against the denoised vs the baseline
-reward model (Part II Fig. 9), top-p 1.0 vs 0.9 (Qwen), an ablation (each switch off alone), and
-PPO-max, vanilla and the demo's settings at a longer budget.
-Each finished (seed, run) is kept as JSON in --work-dir, so a killed benchmark resumes with the next
-run. About 35 s per run of 60 iterations on 2 cores (90 s at 150), 16 runs per seed: 13 min per seed.
+reward model (Part II Fig. 9), top-p 1.0 vs 0.9 (Qwen), an ablation (each switch off alone), the
+settings (policy learning rate, KL coefficient) at this model size, and PPO-max, vanilla and the old
+demo settings at a longer budget.
+Each finished (seed, run) is kept as JSON in --work-dir (named by the run, so delete the folder after
+changing the round's PPO config), and a killed benchmark resumes with the next run. About 30 s per run
+of 60 iterations on 2 cores (80 s at 150), 28 runs per seed: about 18 min per seed.
 """
 
 from __future__ import annotations
@@ -30,15 +32,13 @@ from pathlib import Path
 
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 
-BUDGET = {"iterations": 60}  # the demo's budget; everything else of "ppo-max" is PPOConfig's defaults
 LONG = 150  # the longer budget of section 5: does vanilla PPO hack the reward model given time?
-DEMO = {"kl_coef": 1.0, "policy_lr": 1e-4, "ptx_coef": 1.0, "critic_warmup_steps": 16}  # the demo's settings
-RUNS = {  # name -> (PPOConfig overrides over BUDGET, reward model the run is trained against)
+OLD_DEMO = {"kl_coef": 1.0, "policy_lr": 1e-4, "ptx_coef": 1.0, "critic_warmup_steps": 16}  # the demo before 2026-11-23
+RUNS = {  # name -> (overrides over the round's own PPO config, reward model the run is trained against)
     "ppo-max": ({}, "denoised"),
     "vanilla": ({"preset": "vanilla"}, "denoised"),
-    "demo settings (kl 1.0, lr 1e-4, ptx 1.0)": (DEMO, "denoised"),
+    "old demo settings (kl 1.0, lr 1e-4, ptx 1.0)": (OLD_DEMO, "denoised"),
     "ppo-max + ptx 1.0": ({"ptx_coef": 1.0}, "denoised"),
-    "demo settings, critic warm-up 50 steps (Qwen)": (DEMO | {"critic_warmup_steps": 50}, "denoised"),
     "no KL, denoised RM": ({"kl_coef": 0.0}, "denoised"),
     "no KL, baseline RM": ({"kl_coef": 0.0}, "baseline"),
     "top-p 1.0": ({"top_p": 1.0}, "denoised"),
@@ -47,12 +47,28 @@ RUNS = {  # name -> (PPOConfig overrides over BUDGET, reward model the run is tr
     "- value clipping": ({"clip_vloss": False}, "denoised"),
     "- critic warm-up": ({"critic_warmup_steps": 0}, "denoised"),
     "- critic from the RM": ({"critic_from_reward_model": False}, "denoised"),
+    "policy lr 3e-6": ({"policy_lr": 3e-6}, "denoised"),
+    "policy lr 3e-5": ({"policy_lr": 3e-5}, "denoised"),
+    "policy lr 1e-4": ({"policy_lr": 1e-4}, "denoised"),
+    "policy lr 3e-4, critic lr 1e-3 (PPOConfig defaults)": ({"policy_lr": 3e-4, "critic_lr": 1e-3}, "denoised"),
+    "vanilla, policy lr 1e-4": ({"preset": "vanilla", "policy_lr": 1e-4}, "denoised"),
+    "vanilla, policy lr 3e-4, critic lr 1e-3": ({"preset": "vanilla", "policy_lr": 3e-4, "critic_lr": 1e-3},
+                                                "denoised"),
+    "kl_coef 0.2": ({"kl_coef": 0.2}, "denoised"),
+    **{f"policy lr 1e-4, {name}": (switch | {"policy_lr": 1e-4}, "denoised") for name, switch in (
+        ("no KL", {"kl_coef": 0.0}), ("- reward normalisation", {"reward_norm": False}),
+        ("- advantage whitening", {"norm_adv": False}), ("- value clipping", {"clip_vloss": False}),
+        ("- critic warm-up", {"critic_warmup_steps": 0}), ("- critic from the RM", {"critic_from_reward_model": False}))},
     "ppo-max, 150 iterations": ({"iterations": LONG}, "denoised"),
     "vanilla, 150 iterations": ({"preset": "vanilla", "iterations": LONG}, "denoised"),
-    "demo settings, 150 iterations": (DEMO | {"iterations": LONG}, "denoised"),
+    "old demo settings, 150 iterations": (OLD_DEMO | {"iterations": LONG}, "denoised"),
 }
 ABLATION = ("ppo-max", "no KL, denoised RM", "- reward normalisation", "- advantage whitening", "- value clipping",
             "- critic warm-up", "- critic from the RM", "top-p 1.0", "ppo-max + ptx 1.0")
+ABLATION_LR_1E4 = ("policy lr 1e-4", *(n for n in RUNS if n.startswith("policy lr 1e-4, ")), "vanilla, policy lr 1e-4")
+SETTINGS = ("policy lr 3e-6", "ppo-max", "vanilla", "policy lr 3e-5", "policy lr 1e-4", "vanilla, policy lr 1e-4",
+            "policy lr 3e-4, critic lr 1e-3 (PPOConfig defaults)", "vanilla, policy lr 3e-4, critic lr 1e-3",
+            "kl_coef 0.2", "old demo settings (kl 1.0, lr 1e-4, ptx 1.0)")
 TAIL = 10  # iterations averaged for the "final" rollout numbers
 
 
@@ -97,12 +113,13 @@ def run_one(name: str, art: dict, seed: int) -> dict:
     import pandas as pd
 
     from rlhf_core import models
-    from rlhf_core.config import PPOConfig
+    from rlhf_core.config import PPOConfig, RoundConfig, deep_merge
     from rlhf_core.ppo.trainer import train_ppo
     from tasks.ppo import gold_scores, reward_scorer
 
     overrides, reward = RUNS[name]
-    cfg = PPOConfig.model_validate(BUDGET | overrides)
+    # deep_merge lets a preset replace the round's values of the switches it sets
+    cfg = PPOConfig.model_validate(deep_merge(RoundConfig().ppo.model_dump(), overrides))
     ptx = None
     if cfg.ptx_coef > 0:
         demos = pd.read_parquet(art["demos"])
@@ -152,6 +169,14 @@ def _table(results: dict[str, list[dict]], names) -> list[str]:
     return lines
 
 
+def _settings() -> str:
+    from rlhf_core.config import RoundConfig
+
+    ppo = RoundConfig().ppo
+    return (f"policy lr {ppo.policy_lr:g}, critic lr {ppo.critic_lr:g}, kl_coef {ppo.kl_coef:g}, "
+            f"critic warm-up {ppo.critic_warmup_steps} steps")
+
+
 def write_report(results: dict[str, list[dict]], sft: dict[int, dict], out: Path, figure_dir: Path) -> None:
     from tasks.plots import ppo_curves
 
@@ -174,15 +199,15 @@ def write_report(results: dict[str, list[dict]], sft: dict[int, dict], out: Path
         "",
         f"Measured {datetime.now(timezone.utc):%Y-%m-%d} by `benchmarks/ppo_max.py --seeds {' '.join(map(str, seeds))}`"
         f" on {platform.machine()}, {os.cpu_count()} cores, no GPU; {minutes:.0f} min of PPO in all.",
-        "Every run: the round's SFT policy, the demo's budget (60 iterations x 32 prompts x 2 responses), the",
-        "round's denoised reward model unless the name says baseline; `ppo-max` is `PPOConfig()`'s defaults.",
+        "Every run: the round's SFT policy, the round's own PPO config (`ppo-max`: the PPO-max switches, 60 iterations",
+        f"x 32 prompts x 2 responses, {_settings()}) with the run's changes, against the round's",
+        "denoised reward model unless the name says baseline.",
         f"Cells: mean over seeds {', '.join(map(str, seeds))} (min..max). Gold greedy is on the held-out prompts "
         f"(SFT: {_cell([sft[s]['gold_greedy'] for s in seeds])}).",
         "",
         "## 1. PPO-max against vanilla PPO (Part I Fig. 4)",
         "",
-        *_table(results, ("ppo-max", "vanilla", "demo settings (kl 1.0, lr 1e-4, ptx 1.0)", "ppo-max + ptx 1.0",
-                           "demo settings, critic warm-up 50 steps (Qwen)")),
+        *_table(results, ("ppo-max", "vanilla", "old demo settings (kl 1.0, lr 1e-4, ptx 1.0)")),
         "",
         figure(("ppo-max", "vanilla"), "ppo-max-vs-vanilla.png") + f" (seed {first})",
         "",
@@ -202,11 +227,22 @@ def write_report(results: dict[str, list[dict]], sft: dict[int, dict], out: Path
         "",
         *_table(results, ABLATION),
         "",
-        f"## 5. A longer budget: {LONG} iterations",
+        "The same at policy lr 1e-4 (10x the round's), where the policy moves further:",
         "",
-        *_table(results, ("ppo-max, 150 iterations", "vanilla, 150 iterations", "demo settings, 150 iterations")),
+        *_table(results, ABLATION_LR_1E4),
         "",
-        figure(("ppo-max, 150 iterations", "vanilla, 150 iterations", "demo settings, 150 iterations"),
+        "## 5. Settings: the policy learning rate and the KL coefficient at this model size",
+        "",
+        *_table(results, SETTINGS),
+        "",
+        figure(("policy lr 3e-6", "ppo-max", "policy lr 1e-4", "policy lr 3e-4, critic lr 1e-3 (PPOConfig defaults)"),
+               "ppo-policy-lr.png") + f" (seed {first})",
+        "",
+        f"## 6. A longer budget: {LONG} iterations",
+        "",
+        *_table(results, ("ppo-max, 150 iterations", "vanilla, 150 iterations", "old demo settings, 150 iterations")),
+        "",
+        figure(("ppo-max, 150 iterations", "vanilla, 150 iterations", "old demo settings, 150 iterations"),
                "ppo-long-budget.png") + f" (seed {first})",
         "",
     ]

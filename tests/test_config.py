@@ -61,5 +61,5 @@ def test_demo_yaml_is_the_embedded_default():
 def test_a_partial_section_keeps_the_rounds_other_values():
     # the round's PPO defaults differ from PPOConfig's; overriding one key must not reset the others
     cfg = parse_config({"ppo": {"iterations": 7}})
-    assert cfg.ppo.iterations == 7 and cfg.ppo.kl_coef == RoundConfig().ppo.kl_coef != PPOConfig().kl_coef
+    assert cfg.ppo.iterations == 7 and cfg.ppo.policy_lr == RoundConfig().ppo.policy_lr != PPOConfig().policy_lr
     assert parse_config({"voting": {"train": {"lr": 0.01}}}).voting.train.epochs == RoundConfig().voting.train.epochs

@@ -413,7 +413,7 @@ def test_presets_fill_the_switches_not_given_and_explicit_keys_win():
     with pytest.raises(ValueError, match="preset"):
         PPOConfig(preset="trl")
     # through a config file and --set, as the CLI and the UI form give it: the preset replaces the round's
-    # own values of its switches (the demo's kl_coef 1.0 and ptx 1.0), other keys stay the round's
+    # own values of its switches, other keys stay the round's
     mini = Path(__file__).parents[1] / "configs" / "mini.yaml"
     cfg = load_config(mini, overrides=["ppo.preset=vanilla"])
     assert isinstance(cfg, RoundConfig) and (cfg.ppo.kl_coef, cfg.ppo.ptx_coef, cfg.ppo.iterations) == (0.0, 0.0, 3)
