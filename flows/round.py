@@ -23,7 +23,7 @@ from prefect.states import Crashed
 from prefect.runtime import flow_run
 
 import rlhf_core
-from rlhf_core.artifacts import ArtifactRef
+from rlhf_core.artifacts import ArtifactRef, ArtifactStore
 from rlhf_core.config import RoundConfig, config_digest
 from rlhf_core.paths import check_config_paths
 from tasks.annotation import collect_annotations, import_annotations
@@ -69,6 +69,10 @@ def open_round(config: RoundConfig, round_no: int = 1) -> RunContext:
     tracker = Tracker(uri, config.experiment, workdir / "mlartifacts")
     if killed := tracker.close_killed_runs(str(workdir)):
         get_run_logger().warning("marked %d MLflow run(s) of %s KILLED: left RUNNING by a killed round", killed, workdir)
+    store = ArtifactStore(workdir / "artifacts")
+    if swept := store.sweep_staging():
+        get_run_logger().warning("removed %d half-written artifact(s) a killed round left in %s", swept,
+                                 store.root / ".staging")
     if crashed := crash_killed_flow_runs(workdir):
         get_run_logger().warning("marked %d Prefect flow run(s) of %s CRASHED: left RUNNING by a killed round",
                                  crashed, workdir)

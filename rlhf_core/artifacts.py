@@ -131,6 +131,14 @@ class ArtifactStore:
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
 
+    def sweep_staging(self) -> int:
+        """Remove the staging directories a killed process left; returns how many. Call it only while no
+        other process writes into this store (a round holds its workdir's lock)."""
+        left = [p for p in (self.root / ".staging").glob("*") if p.is_dir()]
+        for path in left:
+            shutil.rmtree(path, ignore_errors=True)
+        return len(left)
+
     def commit(
         self,
         staged: Path,

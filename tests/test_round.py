@@ -116,7 +116,11 @@ def test_runs_a_killed_round_left_running_are_closed_by_the_next_round(two_round
         flow_runs = {name: prefect.create_flow_run(rlhf_round, name=name, state=Running(),
                                                    parameters={"config": {"workdir": wd}})
                      for name, wd in (("killed-here", workdir), ("elsewhere", "/some/other/workdir"))}
+    half_written = Path(cfg.workdir) / "artifacts" / ".staging" / "tmpkilled"
+    half_written.mkdir(parents=True)
+    (half_written / "responses.parquet").write_bytes(b"PAR1 half")
     summary = rlhf_round(config=cfg, stop_after="world")
+    assert not half_written.exists()
     client = MlflowClient(uri)
     assert client.get_run(orphan).info.status == "KILLED"
     assert client.get_run(elsewhere).info.status == "RUNNING"  # not this workdir's: left alone
