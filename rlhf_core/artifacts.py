@@ -4,6 +4,7 @@ Layout under `root`:
     <kind>/<digest>/...            the artifact's files + manifest.json (a Parquet table, an HF model dir, ...)
     cache/<cache_key>.json         which artifact a (stage, stage version, config, inputs) produced
     .staging/<random>/             where a stage writes before its artifact is committed
+    plots/<cache_key>/*.png        the figures the stage execution logged (shown again on a cache hit)
 
 A stage writes into a staging directory; `commit` hashes every file, writes the manifest and
 renames the directory into place in one `os.rename`, so a killed stage never leaves a half

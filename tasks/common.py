@@ -114,17 +114,20 @@ class StageRun:
 
     `scratch` is a directory that survives a killed execution (it is named by the cache key) and
     is removed once the artifact is committed: shards or checkpoints a re-run resumes from.
+    `plots` keeps the stage's figures beside the store (not in the artifact: they are presentation,
+    not content), so a cache hit shows them in its MLflow run as the miss did.
     """
 
     tracker: Tracker
     run_id: str
     scratch: Path
+    plots: Path
 
     def log_metrics(self, metrics: dict[str, float], step: int = 0) -> None:
         self.tracker.log_metrics(self.run_id, metrics, step)
 
     def log_figure(self, fig, name: str) -> None:
-        self.tracker.log_figure(self.run_id, fig, name)
+        self.tracker.log_figure(self.run_id, fig, name, keep_in=self.plots)
 
 
 Produce = Callable[[Path, StageRun], dict[str, float]]
@@ -183,6 +186,7 @@ def run_stage(
         "prefect.task_run_id": _prefect_task_run_id(),
         **{f"rlhf.input.{n}": f"{r.kind}:{r.digest}" for n, r in inputs.items()},
     }
+    plots = store.root / "plots" / key  # the stage's figures, kept for cache hits
     run_id = tracker.start_run(stage, tags, parent_run_id=ctx.parent_run_id)
     try:
         tracker.log_params(run_id, cfg_dict | ({"execution": execution} if execution else {}))
@@ -194,6 +198,8 @@ def run_stage(
             tracker.set_tags(run_id, {"rlhf.cache": "hit", "rlhf.output": f"{hit.kind}:{hit.digest}",
                                       "rlhf.output_path": hit.path})
             tracker.log_metrics(run_id, store.manifest(hit).metrics)
+            for figure in sorted(plots.glob("*.png")):
+                tracker.log_artifact(run_id, figure, "plots")
             # outputs as on a miss; this also registers a model whose first run was killed before it could
             _log_outputs(tracker, run_id, hit, register_as, stage)
             tracker.end_run(run_id)
@@ -204,7 +210,7 @@ def run_stage(
         resuming = " (resuming from its scratch directory)" if scratch.exists() else ""
         _stage_logger().info("stage %s: running%s", stage, resuming)
         with store.staging() as staged:
-            metrics = dict(produce(staged, StageRun(tracker, run_id, scratch)))
+            metrics = dict(produce(staged, StageRun(tracker, run_id, scratch, plots)))
             metrics["time/stage_seconds"] = time.time() - start
             ref = store.commit(
                 staged, kind=kind, stage=stage, stage_version=version, code_version=code_version(),

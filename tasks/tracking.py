@@ -21,6 +21,8 @@ import pandas as pd
 from mlflow import MlflowClient
 from mlflow.entities import DatasetInput, InputTag, Metric, Param, RunTag
 
+from rlhf_core.artifacts import atomic_write
+
 SECRET_KEY = re.compile(r"(api[_-]?key|token|secret|password|credential)", re.IGNORECASE)
 MAX_PARAM_LEN = 500  # MLflow's limit on a param value
 
@@ -147,14 +149,18 @@ class Tracker:
     def log_artifact(self, run_id: str, local_path: Path, artifact_path: str | None = None) -> None:
         self.client.log_artifact(run_id, str(local_path), artifact_path)
 
-    def log_figure(self, run_id: str, fig, name: str) -> None:
-        """Save a matplotlib figure under the run's plots/ and close it (pyplot keeps figures alive)."""
+    def log_figure(self, run_id: str, fig, name: str, keep_in: Path | None = None) -> None:
+        """Save a matplotlib figure under the run's plots/ and close it (pyplot keeps figures alive);
+        `keep_in`: a directory that keeps the PNG too (a cache hit logs it again)."""
         import matplotlib.pyplot as plt
 
         with tempfile.TemporaryDirectory() as tmp:
             path = Path(tmp) / name
             fig.savefig(path, dpi=100, bbox_inches="tight")
             self.client.log_artifact(run_id, str(path), "plots")
+            if keep_in is not None:
+                keep_in.mkdir(parents=True, exist_ok=True)
+                atomic_write(keep_in / name, lambda f: f.write(path.read_bytes()))
         plt.close(fig)
 
     def register_model(self, run_id: str, model_dir: Path, name: str, alias: str, tags: dict[str, str]) -> int:

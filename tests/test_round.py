@@ -165,6 +165,9 @@ def test_second_identical_round_is_served_from_cache(two_rounds):
         set(reward.data.metrics)
     vote = next(r for r in children if r.data.tags["rlhf.stage"] == "vote")
     assert "voting/gold_agreement_excl_gold_ties/decile_01" in vote.data.metrics
+    # ... and the plots the miss logged
+    plots = {Path(f.path).name for f in client.list_artifacts(vote.info.run_id, "plots")}
+    assert {"preference_strength.png", "strength_std_by_group.png"} <= plots
 
 
 def test_prefect_recorded_the_flow_and_its_tasks(two_rounds):
