@@ -20,6 +20,7 @@ console = Console()
 
 
 def _load(config: Optional[Path], overrides: list[str]):
+    from rlhf_core.annotation.importer import ImportFormatError, check_exports
     from rlhf_core.config import ConfigError, RoundConfig, apply_override, load_config, parse_config
     from rlhf_core.paths import PathNotAllowedError, check_config_paths
 
@@ -32,8 +33,9 @@ def _load(config: Optional[Path], overrides: list[str]):
                 apply_override(data, item)
             cfg = parse_config(data, RoundConfig, source="(defaults + --set)")
         check_config_paths(cfg)  # files the config names: present and under the allowed roots
+        check_exports(cfg.annotation)  # annotation exports: readable as what they claim to be
         return cfg
-    except (ConfigError, PathNotAllowedError) as err:
+    except (ConfigError, PathNotAllowedError, ImportFormatError) as err:
         console.print(f"[red]{err}[/red]", soft_wrap=True)
         raise typer.Exit(2) from None
 

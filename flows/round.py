@@ -25,6 +25,7 @@ from prefect.runtime import flow_run
 import rlhf_core
 from rlhf_core.artifacts import ArtifactRef, ArtifactStore
 from rlhf_core.config import RoundConfig, config_digest
+from rlhf_core.annotation.importer import check_exports
 from rlhf_core.paths import check_config_paths
 from tasks.annotation import collect_annotations, import_annotations
 from tasks.common import RunContext, code_version, lock_workdir
@@ -128,6 +129,7 @@ def rlhf_round(config: RoundConfig = RoundConfig(), stop_after: StageName | None
     round 1, and the new policy is judged against SFT.
     """
     check_config_paths(config)  # every file the config names, before anything is created
+    check_exports(config.annotation)  # and every annotation export readable as one
     check_tracking_server(config.tracking_uri or default_tracking_uri(Path(config.workdir).resolve()))
     with lock_workdir(config.workdir):  # one round at a time per workdir (its store, scratch and mlflow.db)
         return _run_stages(config, stop_after, round_no, start_policy)

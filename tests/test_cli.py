@@ -84,3 +84,32 @@ def test_a_second_round_in_a_busy_workdir_fails_at_once_naming_the_holder(tmp_pa
     assert not (tmp_path / "mlflow.db").exists() and not (tmp_path / "artifacts").exists()  # nothing was started
     with lock_workdir(tmp_path):  # released: the next holder gets it
         pass
+
+
+@pytest.mark.parametrize("name, content", [
+    ("truncated.json", b'[{"id": 1, "annotations": [{"result": '),
+    ("binary.json", bytes(range(256)) * 4),
+    ("utf16.jsonl", '{"prompt": "p", "chosen": "a", "rejected": "b"}\n'.encode("utf-16")),
+    ("binary.jsonl", b"\x00\xff\xfe" * 500),
+    ("truncated.parquet", b"PAR1\x15\x04\x15"),
+    ("utf16.csv", "prompt_id,response_id,score,annotator\np,r,1,a\n".encode("utf-16")),
+])
+def test_a_bad_whole_export_is_refused_before_any_work_naming_its_key_and_path(tmp_path, monkeypatch, name, content):
+    from flows.round import rlhf_round
+    from rlhf_core.annotation.importer import ImportFormatError
+    from rlhf_core.config import RoundConfig
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "exports").mkdir()
+    (tmp_path / "exports" / "good.jsonl").write_text('{"prompt": "p", "chosen": "a", "rejected": "b"}\n')
+    (tmp_path / "exports" / name).write_bytes(content)
+    config = tmp_path / "c.yaml"
+    config.write_text(f"workdir: {tmp_path / 'w'}\nannotation: {{exports: [exports/good.jsonl, exports/{name}]}}\n")
+    result = runner.invoke(app, ["demo", "--config", str(config)])
+    assert result.exit_code == 2, result.output
+    assert f"annotation.exports[1]: exports/{name}: " in result.output and "Traceback" not in result.output
+    assert not (tmp_path / "w").exists()
+    with pytest.raises(ImportFormatError, match=r"annotation.exports\[1\]"):  # the flow (a UI run) refuses it too
+        rlhf_round.fn(config=RoundConfig(workdir=str(tmp_path / "w"),
+                                         annotation={"exports": ["exports/good.jsonl", f"exports/{name}"]}))
+    assert not (tmp_path / "w").exists()

@@ -37,7 +37,7 @@ from rlhf_core.annotation.label_studio import (
     read_export,
 )
 from rlhf_core.annotation.pairs import aggregate_majority
-from rlhf_core.annotation.score_tables import import_score_table
+from rlhf_core.annotation.score_tables import check_score_table, import_score_table
 from rlhf_core.config import AnnotationConfig
 from rlhf_core.schemas import TABLES
 
@@ -91,6 +91,44 @@ def detect_file_format(path: str | Path) -> str:
         f"{path}: cannot tell the format from the name (expected .json, .jsonl, .csv or .parquet, "
         f"optionally .gz); set annotation.format"
     )
+
+
+def check_export(path: str | Path, fmt: str = "auto", rows: int = 100) -> str:
+    """Read enough of an export to know it is one, before any work: all of a Label Studio JSON file,
+    the header and first `rows` rows of the others. Raises ImportFormatError saying what is wrong (a
+    truncated or binary JSON file, a UTF-16 or binary JSONL/CSV, an unreadable Parquet file); returns
+    the format. Bad rows of a good file are not its business: the import quarantines them."""
+    path = Path(path)
+    fmt = detect_file_format(path) if fmt == "auto" else fmt
+    if fmt == "label_studio":
+        read_export(path)
+    elif fmt == "score_table":
+        check_score_table(path, rows)
+    else:  # text pairs: JSON lines
+        seen = 0
+        for _, line in text_pairs._lines(path):
+            if not line.strip():
+                continue
+            try:
+                json.loads(line.decode("utf-8-sig"))
+                return fmt
+            except (UnicodeDecodeError, ValueError, RecursionError):
+                seen += 1
+            if seen >= rows:
+                break
+        if seen:
+            raise ImportFormatError(f"{path}: none of its first {seen} lines is UTF-8 JSON (UTF-16 or binary?): "
+                                    "save it as UTF-8 JSONL")
+    return fmt
+
+
+def check_exports(cfg: AnnotationConfig) -> None:
+    """`check_export` on every file of `annotation.exports`, the message naming its key and path."""
+    for i, path in enumerate(cfg.exports):
+        try:
+            check_export(path, cfg.format)
+        except ImportFormatError as err:
+            raise ImportFormatError(f"annotation.exports[{i}]: {err}") from None
 
 
 def _empty(kind: str) -> pd.DataFrame:

@@ -231,6 +231,23 @@ def _judgement(record: object, known: dict[str, str]) -> _Judgement:
     return _Judgement(f"score:{response_id}:{annotator}", prompt_id, annotator, ((response_id, score),))
 
 
+def check_score_table(path: str | Path, rows: int = 100) -> None:
+    """Raise ImportFormatError when the file as a whole is not a score table: an unreadable Parquet
+    file or CSV header, missing columns, or none of its first `rows` rows readable (binary, UTF-16)."""
+    path = Path(path)
+    records = {"jsonl": _jsonl_records, "csv": _csv_records, "parquet": _parquet_records}[detect_table_format(path)]
+    seen = 0
+    for record, _ in records(path):
+        if not isinstance(record, Rejected):
+            return
+        seen += 1
+        if seen >= rows:
+            break
+    if seen:
+        raise ImportFormatError(f"{path}: none of its first {seen} rows can be read (UTF-16 or binary?): save it as "
+                                "UTF-8 JSONL or CSV, or Parquet")
+
+
 def import_score_table(
     path: str | Path, responses: pd.DataFrame, fmt: Literal["auto", "jsonl", "csv", "parquet"] = "auto"
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
