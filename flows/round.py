@@ -201,7 +201,9 @@ def summarize_round(ctx: RunContext, outputs: dict[str, ArtifactRef]) -> dict[st
         "artifacts": {name: {"kind": r.kind, "digest": r.digest, "path": r.path} for name, r in outputs.items()},
         "headline": headline,
     }
-    tracker.log_metrics(ctx.parent_run_id, {f"headline/{k}": v for k, v in headline.items() if v is not None})
+    # under the stages' own metric names: MLflow would mangle the readable ones ("KL(new policy || SFT)")
+    tracker.log_metrics(ctx.parent_run_id, {f"headline/{key}": headline[name] for name, (_, key) in HEADLINE.items()
+                                            if headline[name] is not None})
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "summary.json"
         path.write_text(json.dumps(summary, indent=2))

@@ -5,6 +5,7 @@ registered models) and checks that an identical second run is served from the ca
 """
 
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -141,6 +142,9 @@ def test_headline_numbers_are_real(two_rounds):
     rates = h["judged win rate vs SFT"] + h["judged tie rate vs SFT"] + h["judged lose rate vs SFT"]
     assert rates == pytest.approx(1.0)
     assert h["KL(new policy || SFT)"] is not None and h["pairs in total"] > 0
+    parent = MlflowClient(first["mlflow"]["tracking_uri"]).get_run(first["mlflow"]["run_id"]).data.metrics
+    assert parent["headline/eval/policy/kl_to_sft"] == pytest.approx(h["KL(new policy || SFT)"])
+    assert not [k for k in parent if k.startswith("headline/") and not re.fullmatch(r"[\w/.\-]+", k)]  # none mangled
     # Part II's measurements reach the summary (values are noise at this size; tables in docs/reward-modelling.md)
     for key in ("voters' gold accuracy", "gold agreement before denoising", "gold agreement after denoising",
                 "RM accuracy vs gold (held-out), raw labels"):
