@@ -25,6 +25,8 @@ from rlhf_core.artifacts import atomic_write
 
 SECRET_KEY = re.compile(r"(api[_-]?key|token|secret|password|credential)", re.IGNORECASE)
 MAX_PARAM_LEN = 500  # MLflow's limit on a param value
+# MLflow 3's UI opens an experiment on its GenAI view unless this tag says it holds model training runs
+EXPERIMENT_KIND, MODEL_TRAINING = "mlflow.experimentKind", "custom_model_development"
 
 
 def default_tracking_uri(workdir: str | Path) -> str:
@@ -89,9 +91,12 @@ class Tracker:
             # a local store keeps artifacts beside the run files; a tracking server decides for itself
             local = not tracking_uri.startswith(("http://", "https://", "databricks"))
             location = Path(artifact_root).resolve().as_uri() if artifact_root and local else None
-            self.experiment_id = self.client.create_experiment(experiment, artifact_location=location)
+            self.experiment_id = self.client.create_experiment(experiment, artifact_location=location,
+                                                               tags={EXPERIMENT_KIND: MODEL_TRAINING})
         else:
             self.experiment_id = exp.experiment_id
+            if EXPERIMENT_KIND not in exp.tags:
+                self.client.set_experiment_tag(self.experiment_id, EXPERIMENT_KIND, MODEL_TRAINING)
 
     # ------------------------------------------------------------ runs
     def start_run(self, name: str, tags: dict[str, str], parent_run_id: str | None = None) -> str:

@@ -29,3 +29,14 @@ def test_the_log_says_a_stage_ran_then_that_it_came_from_the_cache(tmp_path, cap
     assert messages[1].startswith("stage count: done in ") and messages[1].endswith(f"(numbers {first.digest[:12]})")
     assert messages[2] == f"stage count: served from the cache (numbers {first.digest[:12]}, stage version 1)"
     assert second == first and len(messages) == 3
+
+
+def test_the_experiment_opens_on_mlflows_model_training_view(tmp_path):
+    from mlflow import MlflowClient
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = MlflowClient(uri)
+    client.create_experiment("made-elsewhere")  # an experiment this project did not create gets the tag too
+    for name in ("ours", "made-elsewhere"):
+        Tracker(uri, name)
+        assert client.get_experiment_by_name(name).tags["mlflow.experimentKind"] == "custom_model_development"
