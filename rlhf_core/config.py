@@ -185,7 +185,7 @@ class GeneratorSpec(StrictModel):
 
     name: str = Field(
         ..., pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$",
-        description="unique; names the metrics (generation/<name>/tokens) and starts every row's generator column",
+        description="unique; names the metrics (generation/{name}/tokens) and starts every row's generator column",
     )
     model: str = Field(
         "policy", min_length=1,
@@ -544,7 +544,7 @@ class RoundConfig(StrictModel):
     name: str = "demo"
     seed: int = 0
     workdir: str = Field("rlhf-runs", description="artifact store and run files; relative to the cwd")
-    tracking_uri: str | None = Field(None, description="MLflow URI; default sqlite:///<workdir>/mlflow.db")
+    tracking_uri: str | None = Field(None, description="MLflow URI; default sqlite:///{workdir}/mlflow.db")
     experiment: str = "rlhf"
     world: WorldConfig = WorldConfig()
     policy_model: PolicyModelConfig = PolicyModelConfig()

@@ -63,3 +63,11 @@ def test_a_partial_section_keeps_the_rounds_other_values():
     cfg = parse_config({"ppo": {"iterations": 7}})
     assert cfg.ppo.iterations == 7 and cfg.ppo.policy_lr == RoundConfig().ppo.policy_lr != PPOConfig().policy_lr
     assert parse_config({"voting": {"train": {"lr": 0.01}}}).voting.train.epochs == RoundConfig().voting.train.epochs
+
+
+def test_schema_descriptions_hold_no_angle_bracket_placeholders():
+    """The Prefect UI renders descriptions as Markdown/HTML: "<workdir>" would vanish as an unknown tag."""
+    import json
+    import re
+
+    assert not re.findall(r"<[A-Za-z_][^<>]{0,30}>", json.dumps(RoundConfig.model_json_schema()))
