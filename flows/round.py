@@ -122,11 +122,16 @@ def rlhf_round(config: RoundConfig = RoundConfig(), stop_after: StageName | None
                start_policy: ArtifactRef | None = None) -> dict[str, Any]:
     """One RLHF round on the configured world; returns the summary (also logged to MLflow).
 
-    `stop_after` ends the round after that stage (earlier stages come from the cache when they
-    already ran with the same config): this is how a single stage is run. Round `round_no` > 1
-    samples with seed + round_no - 1 (new prompts) and improves `start_policy` (the previous
-    round's); the world, the SFT policy, the reward-model backbone and the ptx data stay those of
-    round 1, and the new policy is judged against SFT.
+    The world, the SFT policy, the reward-model backbone and the ptx data are those of round 1 in
+    every round, and the new policy is judged against SFT.
+
+    Args:
+        config: the whole round: world, sampling, generation, annotation, voting, denoising, reward
+            model, PPO and evaluation (configs/demo.yaml holds these defaults; `rlhf schema` lists every key).
+        stop_after: end the round after this stage; earlier stages come from the cache when they already
+            ran with the same config. This is how one stage is run.
+        round_no: the round's number in an iterated run; round k > 1 samples new prompts (seed + k - 1).
+        start_policy: the policy artifact this round improves (the previous round's); empty = the SFT policy.
     """
     check_config_paths(config)  # every file the config names, before anything is created
     check_exports(config.annotation)  # and every annotation export readable as one
@@ -213,7 +218,12 @@ def summarize_round(ctx: RunContext, outputs: dict[str, ArtifactRef]) -> dict[st
 
 @flow(name="rlhf-rounds", version=rlhf_core.__version__, log_prints=True)
 def rlhf_rounds(config: RoundConfig = RoundConfig(), n_rounds: int = 2) -> list[dict[str, Any]]:
-    """Iterated RLHF: each round annotates responses of the previous round's policy and improves it."""
+    """Iterated RLHF: each round annotates responses of the previous round's policy and improves it.
+
+    Args:
+        config: the config of every round (see rlhf-round's `config`).
+        n_rounds: how many rounds to run, one after the other.
+    """
     if n_rounds < 1:
         raise ValueError(f"n_rounds must be >= 1, got {n_rounds}")
     summaries: list[dict[str, Any]] = []

@@ -71,3 +71,13 @@ def test_schema_descriptions_hold_no_angle_bracket_placeholders():
     import re
 
     assert not re.findall(r"<[A-Za-z_][^<>]{0,30}>", json.dumps(RoundConfig.model_json_schema()))
+
+
+def test_every_flow_parameter_has_a_description_in_the_ui_form():
+    from prefect.utilities.callables import parameter_schema
+
+    from flows.round import rlhf_round, rlhf_rounds
+
+    for flow in (rlhf_round, rlhf_rounds):
+        properties = parameter_schema(flow.fn).properties
+        assert properties and all(p.get("description") for p in properties.values()), flow.name
