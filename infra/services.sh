@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
 # Shared mode on one machine: a Prefect server, a process worker and an MLflow server on 127.0.0.1.
 #   bash infra/services.sh start    # prints the two environment variables to export
-#   bash infra/services.sh stop
+#   bash infra/services.sh status   # what runs where
+#   bash infra/services.sh stop     # stops all three (and whatever they started)
 # State lives under ./services/ (Prefect home, MLflow SQLite database and artifacts, logs, pids).
+# MLFLOW_BACKEND_STORE_URI picks another MLflow database (e.g. postgresql://user@host/mlflow).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-BIN=.venv/bin
+BIN=$PWD/.venv/bin
 DIR=${RLHF_SERVICES_DIR:-$PWD/services}
 PREFECT_PORT=${PREFECT_PORT:-4200}
 MLFLOW_PORT=${MLFLOW_PORT:-5000}
+MLFLOW_URI=http://127.0.0.1:$MLFLOW_PORT
 export PREFECT_HOME=$DIR/prefect PREFECT_SERVER_ANALYTICS_ENABLED=false
 export PREFECT_API_URL=http://127.0.0.1:$PREFECT_PORT/api
 
@@ -17,27 +20,51 @@ wait_for() {  # url seconds
   echo "services: $1 did not answer within $2 s (see $DIR/*.log)" >&2; return 1
 }
 
+launch() {  # name command...: in its own session (process group), so stop reaches its children too
+  local name=$1; shift
+  setsid nohup "$@" >"$DIR/$name.log" 2>&1 </dev/null &
+  echo $! >"$DIR/$name.pid"
+}
+
+alive() { [[ -f "$DIR/$1.pid" ]] && kill -0 "$(cat "$DIR/$1.pid")" 2>/dev/null; }
+
+halt() {  # name: SIGTERM to its process group, SIGKILL after 15 s
+  local name=$1 pid
+  [[ -f "$DIR/$name.pid" ]] || return 0
+  pid=$(cat "$DIR/$name.pid")
+  kill -TERM -- "-$pid" 2>/dev/null || true
+  for _ in $(seq 30); do kill -0 -- "-$pid" 2>/dev/null || break; sleep 0.5; done
+  kill -KILL -- "-$pid" 2>/dev/null || true
+  rm -f "$DIR/$name.pid"
+}
+
 case "${1:-}" in
   start)
     mkdir -p "$DIR"
-    nohup $BIN/prefect server start --host 127.0.0.1 --port "$PREFECT_PORT" >"$DIR/prefect.log" 2>&1 &
-    echo $! >"$DIR/prefect.pid"
-    nohup $BIN/mlflow server --backend-store-uri "sqlite:///$DIR/mlflow.db" --artifacts-destination "$DIR/mlartifacts" \
-      --host 127.0.0.1 --port "$MLFLOW_PORT" >"$DIR/mlflow.log" 2>&1 &
-    echo $! >"$DIR/mlflow.pid"
+    for name in prefect mlflow worker; do
+      alive "$name" && { echo "services: $name already runs (pid $(cat "$DIR/$name.pid")); stop first" >&2; exit 1; }
+    done
+    launch prefect "$BIN/prefect" server start --host 127.0.0.1 --port "$PREFECT_PORT"
+    launch mlflow "$BIN/mlflow" server --backend-store-uri "${MLFLOW_BACKEND_STORE_URI:-sqlite:///$DIR/mlflow.db}" \
+      --artifacts-destination "$DIR/mlartifacts" --host 127.0.0.1 --port "$MLFLOW_PORT"
     wait_for "$PREFECT_API_URL/health" 60
-    $BIN/prefect work-pool inspect rlhf >/dev/null 2>&1 || $BIN/prefect work-pool create rlhf --type process >/dev/null
-    RLHF_REPO_DIR=$PWD nohup $BIN/prefect worker start --pool rlhf >"$DIR/worker.log" 2>&1 &
-    echo $! >"$DIR/worker.pid"
-    wait_for "http://127.0.0.1:$MLFLOW_PORT/health" 90
+    "$BIN/prefect" work-pool inspect rlhf >/dev/null 2>&1 || "$BIN/prefect" work-pool create rlhf --type process >/dev/null
+    wait_for "$MLFLOW_URI/health" 90
+    # the worker's flow runs log to the MLflow server, not to a SQLite file in their workdir
+    launch worker env MLFLOW_TRACKING_URI="$MLFLOW_URI" RLHF_REPO_DIR="$PWD" "$BIN/prefect" worker start --pool rlhf
     echo "export PREFECT_API_URL=$PREFECT_API_URL"
-    echo "export MLFLOW_TRACKING_URI=http://127.0.0.1:$MLFLOW_PORT"
+    echo "export MLFLOW_TRACKING_URI=$MLFLOW_URI"
     echo "deploy with: RLHF_REPO_DIR=$PWD $BIN/prefect --no-prompt deploy --all"
     ;;
-  stop)
-    for name in worker prefect mlflow; do
-      [[ -f "$DIR/$name.pid" ]] && { kill "$(cat "$DIR/$name.pid")" 2>/dev/null || true; rm -f "$DIR/$name.pid"; }
+  status)
+    for name in prefect mlflow worker; do
+      if alive "$name"; then echo "$name: running (pid $(cat "$DIR/$name.pid"), log $DIR/$name.log)"
+      else echo "$name: stopped"; fi
     done
+    echo "Prefect API $PREFECT_API_URL, MLflow $MLFLOW_URI"
     ;;
-  *) echo "usage: $0 start|stop" >&2; exit 2 ;;
+  stop)
+    for name in worker prefect mlflow; do halt "$name"; done
+    ;;
+  *) echo "usage: $0 start|status|stop" >&2; exit 2 ;;
 esac
