@@ -84,6 +84,7 @@ def test_a_second_round_in_a_busy_workdir_fails_at_once_naming_the_holder(tmp_pa
     assert not (tmp_path / "mlflow.db").exists() and not (tmp_path / "artifacts").exists()  # nothing was started
     with lock_workdir(tmp_path):  # released: the next holder gets it
         pass
+    assert (tmp_path / ".gitignore").read_text().splitlines()[-1] == "*"  # a workdir never shows in git status
 
 
 @pytest.mark.parametrize("name, content", [
