@@ -89,7 +89,8 @@ def lock_workdir(workdir: str | Path) -> Iterator[None]:
     """
     path = Path(workdir)
     path.mkdir(parents=True, exist_ok=True)
-    if not (path / ".gitignore").exists():  # as a virtualenv does: a workdir inside a checkout stays out of git
+    if not (path / ".gitignore").exists() and not (path / ".git").exists():  # as a virtualenv does: a workdir
+        # inside a checkout stays out of git (never the checkout's own root)
         (path / ".gitignore").write_text("# a round's workdir (artifacts, runs, caches), written by rlhf\n*\n")
     with open(path / ".round.lock", "a+") as f:
         try:
