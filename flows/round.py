@@ -68,15 +68,7 @@ def open_round(config: RoundConfig, round_no: int = 1) -> RunContext:
     uri = config.tracking_uri or default_tracking_uri(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     tracker = Tracker(uri, config.experiment, workdir / "mlartifacts")
-    if killed := tracker.close_killed_runs(str(workdir)):
-        get_run_logger().warning("marked %d MLflow run(s) of %s KILLED: left RUNNING by a killed round", killed, workdir)
-    store = ArtifactStore(workdir / "artifacts")
-    if swept := store.sweep_staging():
-        get_run_logger().warning("removed %d half-written artifact(s) a killed round left in %s", swept,
-                                 store.root / ".staging")
-    if crashed := crash_killed_flow_runs(workdir):
-        get_run_logger().warning("marked %d Prefect flow run(s) of %s CRASHED: left RUNNING by a killed round",
-                                 crashed, workdir)
+    close_what_killed_rounds_left(workdir, tracker)
     flow_run_id = str(flow_run.id or "")
     tags = {
         "rlhf.workdir": str(workdir),
@@ -92,6 +84,18 @@ def open_round(config: RoundConfig, round_no: int = 1) -> RunContext:
     tracker.log_params(parent, config.model_dump(mode="json"))
     return RunContext(workdir=str(workdir), tracking_uri=uri, experiment=config.experiment, parent_run_id=parent,
                       round_name=config.name, round_no=round_no, flow_run_id=flow_run_id)
+
+
+def close_what_killed_rounds_left(workdir: Path, tracker: Tracker) -> None:
+    """MLflow runs still RUNNING become KILLED, Prefect flow runs still RUNNING become CRASHED, and
+    half-written staging directories go. Called under the workdir's lock: no live round owns them."""
+    log = get_run_logger()
+    if killed := tracker.close_killed_runs(str(workdir)):
+        log.warning("marked %d MLflow run(s) of %s KILLED: left RUNNING by a killed round", killed, workdir)
+    if crashed := crash_killed_flow_runs(workdir):
+        log.warning("marked %d Prefect flow run(s) of %s CRASHED: left RUNNING by a killed round", crashed, workdir)
+    if swept := ArtifactStore(workdir / "artifacts").sweep_staging():
+        log.warning("removed %d half-written artifact(s) a killed round left in %s", swept, workdir / "artifacts")
 
 
 def crash_killed_flow_runs(workdir: Path) -> int:
