@@ -86,6 +86,7 @@ def lock_workdir(workdir: str | Path) -> Iterator[None]:
 
     Two rounds at once in one workdir race on the first creation of mlflow.db, on the scratch
     directories and on model registration. The lock is an flock, so a killed round releases it.
+    The first round to take a workdir also leaves a `.gitignore` of `*` in it.
     """
     path = Path(workdir)
     path.mkdir(parents=True, exist_ok=True)

@@ -104,21 +104,8 @@ def check_export(path: str | Path, fmt: str = "auto", rows: int = 100) -> str:
         read_export(path)
     elif fmt == "score_table":
         check_score_table(path, rows)
-    else:  # text pairs: JSON lines
-        seen = 0
-        for _, line in text_pairs._lines(path):
-            if not line.strip():
-                continue
-            try:
-                json.loads(line.decode("utf-8-sig"))
-                return fmt
-            except (UnicodeDecodeError, ValueError, RecursionError):
-                seen += 1
-            if seen >= rows:
-                break
-        if seen:
-            raise ImportFormatError(f"{path}: none of its first {seen} lines is UTF-8 JSON (UTF-16 or binary?): "
-                                    "save it as UTF-8 JSONL")
+    else:
+        text_pairs.check_text_pairs(path, rows)
     return fmt
 
 

@@ -160,6 +160,26 @@ def _load(line: bytes) -> object:
         raise _Rejected("malformed_json", str(err)[:200]) from None
 
 
+def check_text_pairs(path: str | Path, rows: int = 100) -> None:
+    """Raise ImportFormatError when the file as a whole is not JSON lines: none of its first `rows`
+    non-blank lines decodes as UTF-8 JSON (a UTF-16 or binary file). Bad single rows are quarantined
+    by the import, not refused here."""
+    path, seen = Path(path), 0
+    for _, line in _lines(path):
+        if not line.strip():
+            continue
+        try:
+            _load(line)
+            return
+        except _Rejected:
+            seen += 1
+        if seen >= rows:
+            break
+    if seen:
+        raise ImportFormatError(f"{path}: none of its first {seen} lines is UTF-8 JSON (UTF-16 or binary?): "
+                                "save it as UTF-8 JSONL")
+
+
 def _object(obj: object, names: tuple[str, ...]) -> dict:
     """`obj` itself, checked to be a JSON object holding every named field."""
     if not isinstance(obj, dict):
