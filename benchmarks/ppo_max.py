@@ -120,7 +120,7 @@ def run_one(name: str, art: dict, seed: int) -> dict:
     from tasks.ppo import gold_scores, reward_scorer
 
     overrides, reward = RUNS[name]
-    # deep_merge lets a preset replace the round's values of the switches it sets
+    # the round's dump leaves the preset switches null, so a preset given in `overrides` sets them
     cfg = PPOConfig.model_validate(deep_merge(RoundConfig().ppo.model_dump(), overrides))
     ptx = None
     if cfg.ptx_coef > 0:

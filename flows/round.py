@@ -24,7 +24,7 @@ from prefect.runtime import flow_run
 
 import rlhf_core
 from rlhf_core.artifacts import ArtifactRef, ArtifactStore
-from rlhf_core.config import RoundConfig, config_digest
+from rlhf_core.config import RESOLVED, RoundConfig, config_digest
 from rlhf_core.annotation.importer import check_exports
 from rlhf_core.paths import check_config_paths
 from tasks.annotation import collect_annotations, import_annotations
@@ -81,7 +81,7 @@ def open_round(config: RoundConfig, round_no: int = 1) -> RunContext:
         "prefect.flow_run_url": str(flow_run.ui_url or ""),
     }
     parent = tracker.start_run(f"round-{config.name}-{round_no}", tags)
-    tracker.log_params(parent, config.model_dump(mode="json"))
+    tracker.log_params(parent, config.model_dump(mode="json", context=RESOLVED))  # preset switches as values
     return RunContext(workdir=str(workdir), tracking_uri=uri, experiment=config.experiment, parent_run_id=parent,
                       round_name=config.name, round_no=round_no, flow_run_id=flow_run_id)
 

@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (BaseModel, ConfigDict, Field, PrivateAttr, SerializationInfo, SerializerFunctionWrapHandler,
+                      ValidationError, model_serializer, model_validator)
 
 
 class StrictModel(BaseModel):
@@ -404,25 +405,41 @@ class RewardConfig(StrictModel):
     )
 
 
-# The switches a preset sets; "ppo-max" is filled in below the class with their field defaults.
+# The switches a preset sets. In PPOConfig each is `None` unless given, and None means "the preset's value";
+# the preset is applied after validation, so a form or file that sends every key with these left null still
+# follows the chosen preset.
 PPO_PRESETS: dict[str, dict[str, Any]] = {
+    "ppo-max": {"kl_coef": 0.05, "reward_norm": True, "reward_scaling": False, "clip_vloss": True, "norm_adv": True,
+                "critic_warmup_steps": 50, "ptx_coef": 0.0},
     "vanilla": {"kl_coef": 0.0, "reward_norm": False, "reward_scaling": False, "clip_vloss": False, "norm_adv": False,
                 "critic_warmup_steps": 0, "ptx_coef": 0.0},
 }
+# model_dump(context=RESOLVED) writes the preset's values of the switches rather than null (MLflow params,
+# cache keys); a plain dump keeps them null, so it reloads under another preset as that preset.
+RESOLVED = {"resolved": True}
+
+
+def _preset_note(key: str) -> str:
+    return "; null = the preset's (" + ", ".join(f"{name}: {json.dumps(values[key])}"
+                                                 for name, values in PPO_PRESETS.items()) + ")"
 
 
 class PPOConfig(StrictModel):
     """PPO with a token-level KL penalty. Each trick is a named switch (PPO-max defaults).
 
-    `preset` fills the switches not given explicitly: "ppo-max" (the defaults below) or "vanilla"
-    (no KL penalty, no reward normalisation or clipping, no value clipping, no advantage
-    whitening, no critic warm-up, no ptx). A switch given explicitly always wins."""
+    `preset` fills the switches left null (PPO_PRESETS): "ppo-max" (every trick at its paper
+    default) or "vanilla" (no KL penalty, no reward normalisation or clipping, no value clipping,
+    no advantage whitening, no critic warm-up, no ptx). A switch given explicitly always wins.
+    After validation every switch holds its value; a plain dump writes the preset-filled ones as
+    null again (so the Prefect form's defaults follow the preset), `model_dump(context=RESOLVED)`
+    writes the values."""
 
     preset: Literal["ppo-max", "vanilla"] = Field(
         "ppo-max", description="ppo-max: every trick at its paper default; vanilla: kl_coef 0, reward_norm false, "
-        "clip_vloss false, norm_adv false, critic_warmup_steps 0, ptx_coef 0. Keys set explicitly override it. "
-        "The Prefect UI form sends every key, so there set the switches themselves",
+        "clip_vloss false, norm_adv false, critic_warmup_steps 0, ptx_coef 0. It sets the switches left null; a "
+        "switch given a value keeps it",
     )
+    _from_preset: frozenset[str] = PrivateAttr(frozenset())
     # Each switch names its source: Part I = Secrets of RLHF Part I (PPO-max, the section "Implement
     # Details in PPO"); Qwen = the Qwen technical report, RLHF section (values at 7B+ scale).
     iterations: int = Field(30, ge=1, description="rollout + update rounds")
@@ -440,31 +457,36 @@ class PPOConfig(StrictModel):
     max_new_tokens: int = Field(24, ge=1)
     temperature: float = Field(1.0, gt=0)
     top_p: float = Field(0.9, gt=0, le=1, description="nucleus sampling (Qwen: 0.9 gives better evaluations than 1.0)")
-    kl_coef: float = Field(
-        0.05, ge=0, description="token-level KL penalty against the reference (SFT) (Part I: token-level KL "
-        "penalty; Qwen: 0.04)",
+    kl_coef: float | None = Field(
+        None, ge=0, description="token-level KL penalty against the reference (SFT) (Part I: token-level KL "
+        "penalty; Qwen: 0.04)" + _preset_note("kl_coef"),
     )
     kl_estimator: Literal["k1", "k3"] = Field("k1", description="k1 = log ratio (Part I); k3 = Schulman's, >= 0")
     gamma: float = Field(1.0, ge=0, le=1)
     lam: float = Field(0.95, ge=0, le=1, description="GAE lambda")
     clip_coef: float = Field(0.2, gt=0, description="policy ratio clip")
     vf_coef: float = Field(0.5, ge=0)
-    clip_vloss: bool = Field(True, description="value-loss clipping (Part I: value function loss clipping)")
+    clip_vloss: bool | None = Field(
+        None, description="value-loss clipping (Part I: value function loss clipping)" + _preset_note("clip_vloss")
+    )
     value_clip: float = Field(0.2, gt=0, description="value clip range (Qwen: 0.15)")
     kl_target: float | None = Field(
         None, gt=0, description="adaptive KL (InstructGPT's controller): steer the mean per-sequence KL to this "
         "target, starting from kl_coef; None = a fixed kl_coef (PPO-max)",
     )
     kl_horizon: int = Field(10000, ge=1, description="adaptive KL: the controller's horizon, in sequences")
-    reward_norm: bool = Field(
-        True, description="normalise rewards with running mean/std (Part I: reward normalization and clipping)"
+    reward_norm: bool | None = Field(
+        None, description="normalise rewards with running mean/std (Part I: reward normalization and clipping)"
+        + _preset_note("reward_norm"),
     )
-    reward_scaling: bool = Field(
-        False, description="divide rewards by their running std without centring (Part I: reward scaling, "
-        "after Engstrom et al.); the alternative to reward_norm, not with it",
+    reward_scaling: bool | None = Field(
+        None, description="divide rewards by their running std without centring (Part I: reward scaling, "
+        "after Engstrom et al.); the alternative to reward_norm, not with it" + _preset_note("reward_scaling"),
     )
     reward_clip: float = Field(5.0, gt=0, description="clip normalised (or scaled) rewards to [-c, c] (Part I)")
-    norm_adv: bool = Field(True, description="whiten advantages per batch (Part I: advantages normalization)")
+    norm_adv: bool | None = Field(
+        None, description="whiten advantages per batch (Part I: advantages normalization)" + _preset_note("norm_adv")
+    )
     adv_clip: float | None = Field(
         None, gt=0, description="clip the (whitened) advantages to [-c, c]; None = off (Part I: advantages clipping)"
     )
@@ -473,17 +495,17 @@ class PPOConfig(StrictModel):
         "left out of PPO-max)",
     )
     max_grad_norm: float = Field(1.0, gt=0, description="global gradient clipping (Part I: PPO-max clips gradients)")
-    critic_warmup_steps: int = Field(
-        50, ge=0, description="critic optimiser steps before the policy's first update (Qwen: 50; Part I: critic "
+    critic_warmup_steps: int | None = Field(
+        None, ge=0, description="critic optimiser steps before the policy's first update (Qwen: 50; Part I: critic "
         "pre-training). One iteration is ppo_epochs * ceil(rollout_prompts * responses_per_prompt / "
-        "mini_batch_size) steps",
+        "mini_batch_size) steps" + _preset_note("critic_warmup_steps"),
     )
     critic_from_reward_model: bool = Field(
         True, description="initialise the critic from the reward model (Part I: critic model initialization)"
     )
-    ptx_coef: float = Field(
-        0.0, ge=0, description="weight of the LM loss on pretraining/SFT data mixed into the policy loss (0 = off; "
-        "Part I and Qwen: pretrain gradients against the alignment tax)",
+    ptx_coef: float | None = Field(
+        None, ge=0, description="weight of the LM loss on pretraining/SFT data mixed into the policy loss (0 = off; "
+        "Part I and Qwen: pretrain gradients against the alignment tax)" + _preset_note("ptx_coef"),
     )
     ptx_batch_size: int = Field(16, ge=1)
     checkpoint_every: int = Field(
@@ -506,15 +528,12 @@ class PPOConfig(StrictModel):
                              "responses_per_prompt / mini_batch_size) steps")
         return data
 
-    @model_validator(mode="before")
-    @classmethod
-    def _apply_preset(cls, data: Any) -> Any:
-        if isinstance(data, dict) and "preset" in data and data["preset"] in PPO_PRESETS:
-            return {**PPO_PRESETS[data["preset"]], **data}
-        return data  # an unknown preset name is reported by the field's own check
-
     @model_validator(mode="after")
-    def _one_reward_transform(self) -> PPOConfig:
+    def _apply_preset_then_check(self) -> PPOConfig:
+        unset = frozenset(key for key in PPO_PRESETS[self.preset] if getattr(self, key) is None)
+        for key in unset:
+            object.__setattr__(self, key, PPO_PRESETS[self.preset][key])  # frozen model: set once, here
+        self._from_preset = unset
         if self.reward_norm and self.reward_scaling:
             raise ValueError("ppo.reward_norm and ppo.reward_scaling are alternatives: set one of them false")
         total = self.iterations * self.steps_per_iteration
@@ -524,8 +543,13 @@ class PPOConfig(StrictModel):
                              f"{self.steps_per_iteration}): lower it or raise ppo.iterations")
         return self
 
-
-PPO_PRESETS["ppo-max"] = {key: PPOConfig.model_fields[key].default for key in PPO_PRESETS["vanilla"]}
+    @model_serializer(mode="wrap")
+    def _preset_relative(self, handler: SerializerFunctionWrapHandler, info: SerializationInfo) -> dict[str, Any]:
+        data = handler(self)
+        if not (info.context or {}).get("resolved"):  # a value changed since (model_copy) is kept as a value
+            preset = PPO_PRESETS[self.preset]
+            data.update({key: None for key in self._from_preset if key in data and data[key] == preset[key]})
+        return data
 
 
 class EvalConfig(StrictModel):
@@ -607,8 +631,6 @@ def _format_errors(err: ValidationError, source: str) -> str:
 def deep_merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
     """`update` over `base`, section by section; a value that is not a mapping replaces."""
     out = dict(base)
-    if update.get("preset") in PPO_PRESETS:  # a preset replaces the base's values of the switches it sets;
-        out.update(PPO_PRESETS[update["preset"]])  # keys given beside it in `update` still win
     for key, value in update.items():
         if isinstance(value, dict) and isinstance(out.get(key), dict):
             out[key] = deep_merge(out[key], value)
@@ -663,6 +685,6 @@ def apply_override(data: dict, item: str) -> None:
 
 def config_digest(cfg: BaseModel | dict[str, Any]) -> str:
     """sha256 of the config's canonical JSON: equal configs give equal digests."""
-    data = cfg.model_dump(mode="json") if isinstance(cfg, BaseModel) else cfg
+    data = cfg.model_dump(mode="json", context=RESOLVED) if isinstance(cfg, BaseModel) else cfg
     blob = json.dumps(data, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(blob.encode()).hexdigest()

@@ -30,7 +30,7 @@ from pydantic import BaseModel, ConfigDict
 
 import rlhf_core
 from rlhf_core.artifacts import ArtifactRef, ArtifactStore, cache_key
-from rlhf_core.config import config_digest
+from rlhf_core.config import RESOLVED, config_digest
 from tasks.tracking import Tracker
 
 log = logging.getLogger("rlhf")
@@ -174,7 +174,7 @@ def run_stage(
     number of worker ranks, whose results are tested equal): logged as `execution.*` params, kept
     out of the cache key, so changing them reuses the artifact.
     """
-    cfg_dict = config.model_dump(mode="json") if isinstance(config, BaseModel) else dict(config)
+    cfg_dict = config.model_dump(mode="json", context=RESOLVED) if isinstance(config, BaseModel) else dict(config)
     cfg_digest = config_digest(cfg_dict)
     key = cache_key(stage, version, cfg_digest, {n: r.digest for n, r in inputs.items()})
     store, tracker = ctx.store, ctx.tracker

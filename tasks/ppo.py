@@ -11,7 +11,7 @@ from prefect.cache_policies import NO_CACHE
 
 from rlhf_core import models
 from rlhf_core.artifacts import ArtifactRef
-from rlhf_core.config import PPOConfig, RewardTrainConfig
+from rlhf_core.config import RESOLVED, PPOConfig, RewardTrainConfig
 from rlhf_core.ppo.trainer import train_ppo
 from rlhf_core.reward.model import RewardModel, score_texts
 from rlhf_core.schemas import read_table
@@ -57,7 +57,7 @@ def train_policy(ctx: RunContext, cfg: PPOConfig, policy: ArtifactRef, reward_mo
                 "ppo/gold_first": first["objective/gold"], "ppo/gold_last": last["objective/gold"],
                 "ppo/kl_last": last["objective/kl"], "ppo/iterations": len(history)}
 
-    config = {"ppo": cfg.model_dump(), "reward_max_length": reward_train.max_length, "seed": seed}
+    config = {"ppo": cfg.model_dump(context=RESOLVED), "reward_max_length": reward_train.max_length, "seed": seed}
     return run_stage(ctx, stage="ppo", version=VERSION, kind="policy", config=config,
                      inputs={"policy": policy, "reward_model": reward_model, "world": world, "sft": sft}, produce=produce,
                      register_as="rlhf-policy")

@@ -423,6 +423,30 @@ def test_presets_fill_the_switches_not_given_and_explicit_keys_win():
     assert (paper.kl_coef, paper.ptx_coef, paper.norm_adv) == (PPOConfig().kl_coef, 0.0, True)
 
 
+def test_a_preset_chosen_in_the_prefect_form_sets_the_switches_the_form_sends_as_null():
+    """The UI form sends every key with the defaults of the flow's parameter schema: the preset switches
+    are null there, so choosing "vanilla" in the form gives vanilla, and a value typed in still wins."""
+    from prefect.utilities.callables import parameter_schema
+
+    from flows.round import rlhf_round
+    from rlhf_core.config import PPO_PRESETS, RESOLVED, RoundConfig
+
+    form = parameter_schema(rlhf_round).model_dump()["properties"]["config"]["default"]
+    assert {key: form["ppo"][key] for key in PPO_PRESETS["vanilla"]} == dict.fromkeys(PPO_PRESETS["vanilla"])
+    form["ppo"]["preset"] = "vanilla"
+    vanilla = RoundConfig.model_validate(form).ppo
+    assert {key: getattr(vanilla, key) for key in PPO_PRESETS["vanilla"]} == PPO_PRESETS["vanilla"]
+    assert (vanilla.iterations, vanilla.policy_lr) == (RoundConfig().ppo.iterations, RoundConfig().ppo.policy_lr)
+    form["ppo"]["norm_adv"] = True
+    assert RoundConfig.model_validate(form).ppo.norm_adv is True
+    # what is logged and keyed: the values, so an explicit 0.05 and the preset's 0.05 are one config
+    assert RoundConfig().model_dump(context=RESOLVED)["ppo"]["kl_coef"] == PPO_PRESETS["ppo-max"]["kl_coef"] == 0.05
+    assert PPOConfig().model_dump(context=RESOLVED) == PPOConfig(kl_coef=0.05).model_dump(context=RESOLVED)
+    # a switch changed after validation (model_copy) dumps as its value, so a reload keeps it
+    changed = PPOConfig().model_copy(update={"kl_coef": 0.0})
+    assert PPOConfig.model_validate(changed.model_dump()).kl_coef == 0.0
+
+
 # ---------------------------------------------------------------- schedules, warm-up, checkpoints
 
 

@@ -21,7 +21,7 @@ from tqdm.auto import tqdm
 from transformers import AutoModel
 
 from rlhf_core.artifacts import atomic_write
-from rlhf_core.config import PPOConfig
+from rlhf_core.config import RESOLVED, PPOConfig
 from rlhf_core.generation.sampler import sample_batch
 from rlhf_core.models import format_query, load_policy, load_reward_model, load_tokenizer
 from rlhf_core.ops import entropy_from_logits, logprobs_from_logits, masked_mean, masked_whiten
@@ -385,7 +385,7 @@ class Checkpoint:
 
     def __init__(self, directory: str | Path, cfg: PPOConfig, seed: int):
         self.path = Path(directory) / "checkpoint.pt"
-        self.run = {"config": cfg.model_dump(mode="json"), "seed": seed}
+        self.run = {"config": cfg.model_dump(mode="json", context=RESOLVED), "seed": seed}
 
     def exists(self) -> bool:
         return self.path.exists()
