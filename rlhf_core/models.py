@@ -96,13 +96,26 @@ def load_reward_model(path: str | Path) -> torch.nn.Module:
 
 
 def reward_model_from_policy(policy_path: str | Path, seed: int = 0) -> torch.nn.Module:
-    """A reward model: the policy's backbone with a fresh scalar head read at the last non-pad token."""
+    """A reward model: the backbone with a fresh scalar head (read at the last non-pad token of a decoder,
+    on the pooled [CLS] of an encoder)."""
     torch.manual_seed(seed)
     model = AutoModelForSequenceClassification.from_pretrained(
         str(policy_path), num_labels=1, dtype=torch.float32
     )
-    torch.nn.init.normal_(model.score.weight, std=1.0 / (model.config.hidden_size + 1) ** 0.5)
+    torch.nn.init.normal_(classification_head(model).weight, std=1.0 / (model.config.hidden_size + 1) ** 0.5)
     return model
+
+
+def classification_head(model: torch.nn.Module) -> torch.nn.Linear:
+    """The scalar head of a `*ForSequenceClassification`: `score` on decoders (Qwen2, Llama), `classifier`
+    on encoders (BERT family)."""
+    head = getattr(model, "score", None)
+    if head is None:
+        head = getattr(model, "classifier", None)
+    if not isinstance(head, torch.nn.Linear):
+        raise ValueError(f"{type(model).__name__} has no linear `score` or `classifier` head: a reward backbone must "
+                         "be a decoder (Qwen2, Llama, ...) or a BERT-family encoder")
+    return head
 
 
 def save_hf(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, out_dir: str | Path) -> None:

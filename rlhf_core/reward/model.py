@@ -4,7 +4,9 @@ log-likelihood of the response under the backbone's own LM head.
     r(x, y) = w . h_end                                                  read = "end_token"
     r(x, y) = w . h_end + a * sum_{t in y + eos} log p_theta(y_t | x, y_<t)   read = "end_token+logprob"
 
-h_end is the last hidden state at the appended eos; p_theta is the softmax of the hidden states
+h_end is the last hidden state at the appended eos of a decoder; on an encoder (BERT family:
+all-MiniLM-L6-v2, ...) it is the pooled [CLS], [CLS] query [SEP] response [SEP], which is what its
+`*ForSequenceClassification` reads, and only the "end_token" read applies. p_theta is the softmax of the hidden states
 times the (tied) input embeddings, i.e. the LM head the backbone was trained with; `a` is a
 learned scalar starting at 1. Both terms come from one forward pass of the same trunk.
 
@@ -30,7 +32,7 @@ import torch
 from torch import nn
 from transformers import AutoModelForSequenceClassification, PreTrainedTokenizerBase
 
-from rlhf_core.models import format_query, reward_model_from_policy, save_hf
+from rlhf_core.models import classification_head, format_query, reward_model_from_policy, save_hf
 
 Read = Literal["end_token", "end_token+logprob"]
 READS: tuple[str, ...] = ("end_token", "end_token+logprob")
@@ -47,6 +49,9 @@ def encode(
     the response and the eos the head reads are always kept. Padded to the longest sequence in
     the batch (at most `max_length`).
 
+    An encoder's tokenizer (BERT family: [CLS]/[SEP], no eos) gets [CLS] prompt [SEP] response [SEP]
+    instead, the prompt without the query template (`_encode_for_encoder`).
+
     Returns:
         input_ids: (N, T) long, pad id after the eos.
         attention_mask: (N, T) long, 1 on real tokens.
@@ -55,6 +60,8 @@ def encode(
     """
     if len(prompts) != len(responses):
         raise ValueError(f"{len(prompts)} prompts but {len(responses)} responses")
+    if is_encoder_tokenizer(tokenizer):
+        return _encode_for_encoder(tokenizer, prompts, responses, max_length)
     if tokenizer.eos_token_id is None or tokenizer.pad_token_id is None:
         raise ValueError("the tokenizer needs an eos and a pad token")
     queries = tokenizer([format_query(tokenizer, p) for p in prompts], add_special_tokens=False)["input_ids"]
@@ -70,8 +77,34 @@ def encode(
         full = (q + a + [tokenizer.eos_token_id])[-max_length:]
         ids.append(full)
         n_response.append(min(len(a) + 1, len(full)))
+    return _right_padded(ids, n_response, tokenizer.pad_token_id)
+
+
+def is_encoder_tokenizer(tokenizer: PreTrainedTokenizerBase) -> bool:
+    """A BERT-style tokenizer ([CLS] and [SEP], no eos): its model reads the [CLS] position."""
+    return tokenizer.eos_token_id is None and tokenizer.cls_token_id is not None and tokenizer.sep_token_id is not None
+
+
+def _encode_for_encoder(tokenizer, prompts: list[str], responses: list[str], max_length: int
+                        ) -> dict[str, torch.Tensor]:
+    """[CLS] query [SEP] response [SEP]; too long, the query loses tokens from its left first, then the
+    response (the [CLS] the head reads and the final [SEP] always stay). Same outputs as `encode`."""
+    queries = tokenizer(list(prompts), add_special_tokens=False)["input_ids"]
+    answers = tokenizer(list(responses), add_special_tokens=False)["input_ids"]
+    cls, sep = tokenizer.cls_token_id, tokenizer.sep_token_id
+    ids, n_response = [], []
+    for q, a in zip(queries, answers):
+        a = a[-(max_length - 3):] if max_length > 3 else []  # room for [CLS] and two [SEP]
+        q = q[len(q) - max(0, max_length - 3 - len(a)):]
+        ids.append([cls] + q + [sep] + a + [sep])
+        n_response.append(len(a) + 1)
+    return _right_padded(ids, n_response, tokenizer.pad_token_id)
+
+
+def _right_padded(ids: list[list[int]], n_response: list[int], pad_id: int) -> dict[str, torch.Tensor]:
+    """input_ids, attention_mask and response_mask (the last n_response[i] real tokens) of right-padded rows."""
     T = max(len(x) for x in ids)
-    input_ids = torch.full((len(ids), T), tokenizer.pad_token_id, dtype=torch.long)  # (N, T)
+    input_ids = torch.full((len(ids), T), pad_id, dtype=torch.long)  # (N, T)
     attention_mask = torch.zeros((len(ids), T), dtype=torch.long)  # (N, T)
     response_mask = torch.zeros((len(ids), T), dtype=torch.long)  # (N, T)
     for i, (x, n) in enumerate(zip(ids, n_response)):
@@ -82,18 +115,22 @@ def encode(
 
 
 class RewardModel(nn.Module):
-    """A `*ForSequenceClassification` model (trunk + `score` head) and the optional log-likelihood term."""
+    """A `*ForSequenceClassification` model (trunk + `score` or `classifier` head) and the optional
+    log-likelihood term."""
 
     def __init__(self, classifier: nn.Module, read: Read = "end_token", logprob_weight: float = 1.0):
         super().__init__()
         if read not in READS:
             raise ValueError(f"unknown reward read {read!r}; known: {READS}")
+        self.classifier = classifier
+        if read == "end_token+logprob" and self.is_encoder():
+            raise ValueError(f"reward read 'end_token+logprob' needs a decoder's LM head; {type(classifier).__name__} is "
+                             "an encoder: use read 'end_token' (the pooled [CLS])")
         if read == "end_token+logprob" and not getattr(classifier.config, "tie_word_embeddings", False):
             raise ValueError(
                 "reward read 'end_token+logprob' needs a backbone whose LM head is its input embedding "
                 "(tie_word_embeddings=true); this one has a separate lm_head: use read 'end_token'"
             )
-        self.classifier = classifier
         self.read = read
         self.logprob_weight = nn.Parameter(torch.tensor(float(logprob_weight)), requires_grad=read != "end_token")
 
@@ -105,7 +142,11 @@ class RewardModel(nn.Module):
         return self.classifier.base_model
 
     def head(self) -> nn.Linear:
-        return self.classifier.score
+        return classification_head(self.classifier)
+
+    def is_encoder(self) -> bool:
+        """BERT-family trunks carry a pooler over [CLS]; decoders have none."""
+        return getattr(self.trunk(), "pooler", None) is not None
 
     def hidden_states(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         """(N, T, H) last hidden states of the trunk (after its final norm)."""
@@ -123,9 +164,11 @@ class RewardModel(nn.Module):
             rewards = rewards + weight * self.response_logprob(hidden, batch)
         return rewards
 
-    @staticmethod
-    def end_hidden(hidden: torch.Tensor, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        """(N, H) the hidden state at each sequence's eos (right padding), what the head reads."""
+    def end_hidden(self, hidden: torch.Tensor, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """(N, H) what the head reads: the hidden state at each sequence's eos (right padding), or an
+        encoder's pooled [CLS] (its pooler applied to position 0, as its *ForSequenceClassification does)."""
+        if self.is_encoder():
+            return self.trunk().pooler(hidden)
         end = batch["attention_mask"].sum(dim=1) - 1  # (N,)
         return hidden[torch.arange(len(hidden)), end]
 

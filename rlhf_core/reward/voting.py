@@ -247,7 +247,7 @@ class SharedTrunkVoters(nn.Module):
     def forward(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """(N, M) rewards of every head, from one pass of the trunk."""
         hidden = self.base.hidden_states(batch["input_ids"], batch["attention_mask"])  # (N, T, H)
-        end = hidden[torch.arange(len(hidden)), batch["attention_mask"].sum(dim=1) - 1]  # (N, H)
+        end = self.base.end_hidden(hidden, batch)  # (N, H)
         rewards = torch.cat([head(end) for head in self.heads], dim=1)  # (N, M)
         if self.base.read == "end_token+logprob":
             rewards = rewards + self.logprob_weights[None, :] * self.base.response_logprob(hidden, batch)[:, None]
