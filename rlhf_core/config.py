@@ -552,14 +552,75 @@ class PPOConfig(StrictModel):
         return data
 
 
-class EvalConfig(StrictModel):
-    """Pairwise judging of the new policy against SFT on held-out prompts, both orders."""
+# ---------------------------------------------------------------- evaluation (LLM-as-a-judge)
 
-    judge: Literal["oracle"] = "oracle"
-    n_prompts: int = Field(200, ge=1)
-    max_new_tokens: int = Field(24, ge=1)
+
+class HTTPJudgeConfig(StrictModel):
+    """An OpenAI-compatible chat-completions judge (GPT-4 in the papers; vLLM or llama.cpp servers work too).
+
+    The API key never lives in a config: it is read at call time from the environment variable
+    `api_key_env` names or, in the Prefect tasks, from the Secret block `secret_block` names."""
+
+    base_url: str | None = Field(
+        None, description="OpenAI-compatible API root, e.g. https://api.openai.com/v1 or http://127.0.0.1:8000/v1 "
+        "(vLLM); POST {base_url}/chat/completions")
+    model: str = Field("gpt-4", min_length=1, description="model name sent to the API (Secrets of RLHF judge with GPT-4)")
+    api_key_env: str | None = Field(
+        "OPENAI_API_KEY", pattern=r"^[A-Za-z_][A-Za-z0-9_]*$",
+        description="NAME of the environment variable holding the API key (never the key); None for a server "
+        "that needs no key")
+    secret_block: str | None = Field(
+        None, description="name of a Prefect Secret block holding the key; wins over api_key_env when set")
+    timeout_s: float = Field(60.0, gt=0, description="seconds one request may take before it is retried")
+    max_retries: int = Field(4, ge=0, description="retries on 429, 5xx, connection errors and timeouts")
+    backoff_s: float = Field(1.0, ge=0, description="first retry wait; doubles each retry unless Retry-After says")
+    concurrency: int = Field(4, ge=1, description="pairs judged at once (a thread pool): the API's rate limit")
+    max_tokens: int = Field(1024, ge=16, description="most tokens of a judge's reply (explanation + verdict)")
+    price_input_per_1k: float = Field(0.03, ge=0, description="USD per 1k prompt tokens (GPT-4 8k list price)")
+    price_output_per_1k: float = Field(0.06, ge=0, description="USD per 1k completion tokens (GPT-4 8k list price)")
+
+
+class LocalJudgeConfig(StrictModel):
+    """A local transformers causal LM asked the same judging prompt; the verdict parsed from its greedy output."""
+
+    model_path: str | None = Field(None, description="local Hugging Face model directory (never a hub name)")
+    max_new_tokens: int = Field(256, ge=1, description="most tokens the judge writes (explanation + verdict)")
+    max_input_tokens: int = Field(2048, ge=16, description="the judging prompt is cut to its last this-many tokens")
+
+
+class EvalConfig(StrictModel):
+    """Pairwise judging of the new policy against SFT on held-out prompts, both orders (MT-Bench style)."""
+
+    judge: Literal["oracle", "http", "local"] = Field(
+        "oracle", description="oracle: the simulated world's gold preference; http: an OpenAI-compatible LLM "
+        "(GPT-4, vLLM); local: a transformers model from a local path")
+    n_prompts: int = Field(200, ge=1, description="held-out prompts judged (the world's eval prompts, in order)")
+    max_new_tokens: int = Field(24, ge=1, description="most tokens of each policy's response to a judged prompt")
     temperature: float = Field(0.0, ge=0, description="0 = greedy responses for judging")
     tie_margin: float = Field(0.25, ge=0, description="oracle: |gold difference| below this is a tie")
+    criteria: Literal["helpfulness", "harmlessness", "summary", "custom"] = Field(
+        "helpfulness", description="what the LLM judge weighs (Secrets of RLHF judge helpfulness and, on red-team "
+        "prompts, harmlessness); custom: the text in custom_criteria")
+    custom_criteria: str | None = Field(None, description="criteria 'custom': the sentence telling the judge "
+                                        "what makes an answer better")
+    template_version: Literal["pairwise-v1"] = Field(
+        "pairwise-v1", description="the judging prompt's version (LLM-as-a-judge pairwise template); part of the "
+        "judgement cache key and the stage's cache key")
+    cache_file: str = Field("cache/judgements.sqlite", description="http/local: SQLite judgement cache, relative "
+                            "to the workdir; a re-run sends no request twice")
+    bootstrap_samples: int = Field(1000, ge=100, description="bootstrap resamples for the 95 % intervals")
+    http: HTTPJudgeConfig = HTTPJudgeConfig()
+    local: LocalJudgeConfig = LocalJudgeConfig()
+
+    @model_validator(mode="after")
+    def _check_judge(self) -> EvalConfig:
+        if self.judge == "http" and not self.http.base_url:
+            raise ValueError("evaluation.judge 'http' needs evaluation.http.base_url (e.g. https://api.openai.com/v1)")
+        if self.judge == "local" and not self.local.model_path:
+            raise ValueError("evaluation.judge 'local' needs evaluation.local.model_path (a local model directory)")
+        if (self.criteria == "custom") != bool(self.custom_criteria):
+            raise ValueError("evaluation.custom_criteria is given exactly when evaluation.criteria is 'custom'")
+        return self
 
 
 class RoundConfig(StrictModel):

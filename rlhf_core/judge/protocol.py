@@ -11,6 +11,8 @@ tie on every pair, not a win for whichever model happened to be shown first.
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Literal, Protocol
 
 Outcome = Literal["first", "second", "tie"]
@@ -28,21 +30,60 @@ class Judge(Protocol):
         ...
 
 
+@dataclass(frozen=True)
+class Judgement:
+    """One judge answer for one order; LLM judges also say whether their reply parsed ("ok",
+    "fallback", "unparsed": an unparsed reply counts as a tie) and why not."""
+
+    outcome: str
+    rationale: str
+    parse_status: str = "ok"
+    parse_reason: str = ""
+
+
+def ask(judge: Judge, prompt: str, first: str, second: str) -> Judgement:
+    """The judge's `judgement(...)` where it has one (LLM judges), else its `compare(...)` as parsed."""
+    detailed = getattr(judge, "judgement", None)
+    if detailed is not None:
+        return detailed(prompt, first, second)
+    return Judgement(*judge.compare(prompt, first, second))
+
+
 def _verdict(outcome: str, mapping: dict[str, str]) -> str:
     if outcome not in mapping:
         raise ValueError(f"judge returned outcome {outcome!r}; expected one of {sorted(mapping)}")
     return mapping[outcome]
 
 
+def judge_pair_row(judge: Judge, prompt: str, response_a: str, response_b: str) -> dict[str, str]:
+    """Both orders of one pair, for the judgements table: verdict (for model A), verdict_ab, verdict_ba,
+    rationale (both orders), rationale_ab, rationale_ba, parse_status_ab/_ba, parse_reason_ab/_ba."""
+    ab = ask(judge, prompt, response_a, response_b)  # A shown first
+    ba = ask(judge, prompt, response_b, response_a)  # B shown first
+    verdict_ab = _verdict(ab.outcome, _A_FIRST)
+    verdict_ba = _verdict(ba.outcome, _A_SECOND)  # mapped back to A's perspective
+    return {"verdict": verdict_ab if verdict_ab == verdict_ba else "tie", "verdict_ab": verdict_ab,
+            "verdict_ba": verdict_ba, "rationale": f"[A first] {ab.rationale} [B first] {ba.rationale}",
+            "rationale_ab": ab.rationale, "rationale_ba": ba.rationale,
+            "parse_status_ab": ab.parse_status, "parse_status_ba": ba.parse_status,
+            "parse_reason_ab": ab.parse_reason, "parse_reason_ba": ba.parse_reason}
+
+
+def judge_pairs(judge: Judge, pairs: list[tuple[str, str, str]], concurrency: int = 1) -> list[dict[str, str]]:
+    """`judge_pair_row` of every (prompt, response_a, response_b), in order; `concurrency` pairs at once
+    (a thread pool: LLM judges wait on the network, and their rate limit is the API's)."""
+    if concurrency < 1:
+        raise ValueError(f"concurrency must be >= 1, got {concurrency}")
+    if concurrency == 1:
+        return [judge_pair_row(judge, *pair) for pair in pairs]
+    with ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="judge") as pool:
+        return list(pool.map(lambda pair: judge_pair_row(judge, *pair), pairs))
+
+
 def judge_pair_with_rationale(judge: Judge, prompt: str, response_a: str, response_b: str) -> tuple[str, str, str, str]:
     """(verdict, verdict_ab, verdict_ba, rationale) for model A; the rationale joins both orders."""
-    outcome_ab, why_ab = judge.compare(prompt, response_a, response_b)  # A shown first
-    outcome_ba, why_ba = judge.compare(prompt, response_b, response_a)  # B shown first
-    verdict_ab = _verdict(outcome_ab, _A_FIRST)
-    verdict_ba = _verdict(outcome_ba, _A_SECOND)  # mapped back to A's perspective
-    verdict = verdict_ab if verdict_ab == verdict_ba else "tie"
-    rationale = f"[A first] {why_ab} [B first] {why_ba}"
-    return verdict, verdict_ab, verdict_ba, rationale
+    row = judge_pair_row(judge, prompt, response_a, response_b)
+    return row["verdict"], row["verdict_ab"], row["verdict_ba"], row["rationale"]
 
 
 def judge_pair(judge: Judge, prompt: str, response_a: str, response_b: str) -> tuple[str, str, str]:
