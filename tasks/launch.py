@@ -2,23 +2,51 @@
 
 On a GPU node: `accelerate launch --multi_gpu --num_processes N -m <worker>`. Without a GPU the same
 command with ACCELERATE_USE_CPU=1 gives N gloo ranks (`accelerate launch --cpu --num_processes N`
-silently starts ONE process; see ../shared/STACK-NOTES.md). The worker's output goes to a log file
-whose tail is put into the error when the group fails.
+silently starts ONE process; see ../shared/STACK-NOTES.md). With a DeepSpeed config the command is
+`accelerate launch --config_file infra/accelerate/<zero>.yaml` instead (see `deepspeed_config`).
+
+The group runs in its own session (process group), so the launcher can always stop all of it: on any
+exception in the task (a Prefect cancellation or shutdown arrives as Prefect's TerminationSignal, a task
+timeout as TimeoutError, Ctrl-C as KeyboardInterrupt; outside Prefect a SIGTERM is turned into
+`LauncherTerminated`) the group gets SIGTERM, then SIGKILL after a grace period: no orphan holds a GPU.
+The workers' lines go to a log file and, as they come, to the task's logger (the Prefect run log).
 """
 
 from __future__ import annotations
 
+import logging
 import os
+import queue
+import re
+import signal
 import socket
 import subprocess
 import sys
+import threading
+import time
+import uuid
+from collections import deque
 from pathlib import Path
 
 import torch
 
+from tasks.common import _stage_logger
+
+GROUP_ENV = "RLHF_WORKER_GROUP"  # tags every process of one launch (see group_processes)
+GRACE_SECONDS = 10.0  # SIGTERM to SIGKILL: time for the ranks to leave their process group
+POLL_SECONDS = 0.2  # the launcher wakes this often, so an exception raised into its thread lands promptly
+TAIL_LINES = 20
+INFRA = Path(__file__).resolve().parent.parent / "infra"
+DEEPSPEED_PRESETS = ("zero2", "zero3")
+
 
 class WorkerError(RuntimeError):
-    """A worker group exited non-zero; the message carries the log's tail and where the log is."""
+    """A worker group exited non-zero; the message names the failing rank when the log does, the exit
+    code, the log's tail and where the whole log is."""
+
+
+class LauncherTerminated(BaseException):
+    """SIGTERM reached a launcher that runs outside Prefect (Prefect raises its own TerminationSignal)."""
 
 
 def free_port() -> int:
@@ -27,25 +55,174 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def accelerate_command(module: str, args: list[str], num_processes: int) -> tuple[list[str], dict[str, str]]:
-    """(argv, env) that run `python -m module args` as `num_processes` ranks on this node."""
+def deepspeed_config(choice: str | None) -> Path | None:
+    """The accelerate config file of a stage's `deepspeed` setting: None, a preset name, or a path."""
+    if choice is None:
+        return None
+    path = INFRA / "accelerate" / f"{choice}.yaml" if choice in DEEPSPEED_PRESETS else Path(choice)
+    if not path.is_file():
+        raise FileNotFoundError(f"deepspeed config {path} does not exist: give one of {DEEPSPEED_PRESETS} or the "
+                                "path of an accelerate config file with a deepspeed_config section")
+    return path
+
+
+def accelerate_command(module: str, args: list[str], num_processes: int, deepspeed: str | None = None,
+                       rank_logs: Path | None = None) -> tuple[list[str], dict[str, str]]:
+    """(argv, env) that run `python -m module args` as `num_processes` ranks on this node.
+
+    Every line a rank prints is prefixed `[defaultR]:` (torch elastic's --tee); with `rank_logs` each
+    rank's output is also kept in rank_logs/<run>/attempt_0/R/."""
     env = dict(os.environ)
+    env["PYTHONUNBUFFERED"] = "1"  # lines reach the task's log as they are printed
+    accelerate = str(Path(sys.executable).parent / "accelerate")
+    port = ["--main_process_port", str(free_port()), "--tee", "3"]
+    if rank_logs is not None:
+        port += ["--log_dir", str(rank_logs)]
+    ds_config = deepspeed_config(deepspeed)
+    if ds_config is not None:
+        # DeepSpeed cannot take --cpu; on CPU the worker asks for the gloo backend (see ranks.start_ranks)
+        if not torch.cuda.is_available():
+            env["RLHF_DIST_BACKEND"] = "gloo"
+            env.setdefault("RLHF_TORCH_THREADS", str(max(1, (os.cpu_count() or 1) // num_processes)))
+        argv = [accelerate, "launch", "--config_file", str(ds_config), "--num_processes", str(num_processes),
+                *port, "-m", module, *args]
+        return argv, env
     if not torch.cuda.is_available():
         env["ACCELERATE_USE_CPU"] = "1"
         env.setdefault("RLHF_TORCH_THREADS", str(max(1, (os.cpu_count() or 1) // num_processes)))
-    accelerate = str(Path(sys.executable).parent / "accelerate")
     argv = [accelerate, "launch", "--multi_gpu", "--num_processes", str(num_processes), "--num_machines", "1",
-            "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(free_port()),
-            "-m", module, *args]
+            "--mixed_precision", "no", "--dynamo_backend", "no", *port, "-m", module, *args]
     return argv, env
 
 
-def run_worker(module: str, args: list[str], num_processes: int, log_path: Path) -> None:
-    """Run the worker group to completion; raise WorkerError with the log's tail if it fails."""
-    argv, env = accelerate_command(module, args, num_processes)
+def group_processes(tag: str) -> list[int]:
+    """The live processes whose environment carries RLHF_WORKER_GROUP=tag: the launcher and every rank.
+
+    Found by environment because torch elastic starts each rank in a session of its own, so neither the
+    launcher's process group nor its session holds the ranks, and a rank whose launcher died is re-parented.
+    """
+    marker = f"{GROUP_ENV}={tag}".encode() + b"\0"
+    found = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/environ", "rb") as f:
+                if marker in f.read() + b"\0":
+                    found.append(int(entry.name))
+        except OSError:  # gone meanwhile, or not ours to read
+            continue
+    return found
+
+
+def stop_group(proc: subprocess.Popen, tag: str, grace_seconds: float) -> None:
+    """SIGTERM to every process of the group, SIGKILL to what is left after `grace_seconds`."""
+    _signal_all(group_processes(tag), signal.SIGTERM)
+    deadline = time.monotonic() + grace_seconds
+    while time.monotonic() < deadline and group_processes(tag):
+        proc.poll()  # reap the launcher: a zombie has no environment and drops out of the list
+        time.sleep(0.05)
+    _signal_all(group_processes(tag), signal.SIGKILL)
+    proc.wait()
+
+
+def _signal_all(pids: list[int], sig: signal.Signals) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
+
+
+def failed_rank(log_text: str) -> tuple[int, int] | None:
+    """(rank, exit code) of the root cause in torch elastic's failure summary in a launcher log, if any.
+
+    The summary lists the other ranks (stopped by SIGTERM after the first failure) before the root cause."""
+    root = log_text.rfind("Root Cause")
+    match = re.search(r"rank\s*:\s*(\d+)\s*\(local_rank:\s*\d+\)\s*exitcode\s*:\s*(-?\d+)", log_text[root:])
+    return (int(match[1]), int(match[2])) if root >= 0 and match else None
+
+
+def run_worker(module: str, args: list[str], num_processes: int, log_path: Path, deepspeed: str | None = None,
+               grace_seconds: float = GRACE_SECONDS, logger: logging.Logger | logging.LoggerAdapter | None = None
+               ) -> None:
+    """Run the worker group to completion, its lines into `log_path` and the task's logger as they come.
+
+    Raises WorkerError (the failing rank, its exit code, its last lines) if the group fails. On any
+    exception raised into this call while the group runs, the group is stopped (`stop_group`) first.
+    """
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(log_path, "w") as log:
-        code = subprocess.run(argv, env=env, stdout=log, stderr=subprocess.STDOUT, check=False).returncode
+    argv, env = accelerate_command(module, args, num_processes, deepspeed, rank_logs=log_path.parent / "ranks")
+    tag = env[GROUP_ENV] = uuid.uuid4().hex
+    logger = logger or _stage_logger()
+    name = module.rsplit(".", 1)[-1]
+    lines: queue.Queue[str | None] = queue.Queue()
+    with open(log_path, "w") as log, _sigterm_raises():
+        proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                errors="replace", start_new_session=True)
+        threading.Thread(target=_read_lines, args=(proc.stdout, lines), daemon=True).start()
+        try:
+            while (line := _next_line(lines)) is not None:
+                if line:  # logged from this thread: the Prefect run logger lives in its context
+                    log.write(line)
+                    log.flush()
+                    logger.info("%s: %s", name, line.rstrip())
+            code = proc.wait()
+        except BaseException:
+            stop_group(proc, tag, grace_seconds)
+            raise
     if code != 0:
-        tail = "".join(log_path.read_text(errors="replace").splitlines(keepends=True)[-30:])
-        raise WorkerError(f"{module} with {num_processes} processes exited {code}; log {log_path}:\n{tail}")
+        raise WorkerError(failure_message(module, num_processes, code, log_path))
+
+
+def failure_message(module: str, num_processes: int, code: int, log_path: Path) -> str:
+    """Which rank failed with which exit code, and its last lines (the launcher's when no rank is named)."""
+    text = log_path.read_text(errors="replace")
+    failed = failed_rank(text)
+    if failed is None:
+        head, tail = f"the launcher exited {code}", text.splitlines()[-TAIL_LINES:]
+    else:
+        rank, rank_code = failed
+        prefix = f"[default{rank}]:"
+        head = f"rank {rank} exited {rank_code}"
+        tail = [line[len(prefix):] for line in text.splitlines() if line.startswith(prefix)][-TAIL_LINES:]
+    return (f"{module} with {num_processes} processes failed: {head}; whole log {log_path}; its last lines:\n"
+            + "\n".join(tail))
+
+
+def _next_line(lines: queue.Queue) -> str | None:
+    """The next line, "" when none came within POLL_SECONDS, None at the end of the output.
+
+    Waiting in short slices keeps this thread in Python code, where Prefect's timeout and cancellation
+    exceptions are delivered."""
+    try:
+        return lines.get(timeout=POLL_SECONDS)
+    except queue.Empty:
+        return ""
+
+
+def _read_lines(stream, lines: queue.Queue) -> None:
+    for line in stream:
+        lines.put(line)
+    lines.put(None)  # end of output: the group's leader has closed it (exited)
+
+
+class _sigterm_raises:
+    """Outside Prefect (which installs its own bridge), make SIGTERM an exception in the main thread, so
+    the launcher stops its group instead of dying with the group left running in its own session."""
+
+    def __enter__(self):
+        self.previous = None
+        if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) in (
+                signal.SIG_DFL, None):
+            self.previous = signal.signal(signal.SIGTERM, _raise_terminated)
+        return self
+
+    def __exit__(self, *exc):
+        if self.previous is not None:
+            signal.signal(signal.SIGTERM, self.previous)
+        return False
+
+
+def _raise_terminated(signum, frame):
+    raise LauncherTerminated(f"signal {signum}")
