@@ -397,12 +397,33 @@ class DenoiseConfig(StrictModel):
     )
 
 
+# Data-parallel reward training shards every batch by pairs: a loss that is not a mean over pairs would change.
+REWARD_DATA_PARALLEL_LIMITS = (
+    "data-parallel reward training (reward.num_processes > 1) shards each batch by pairs, and the contrastive loss "
+    "(negatives from the whole batch), MetaRM (its own batch) and the LM loss (a mean over the batch's tokens) are "
+    "not means over pairs: set reward.train.contrastive.coef 0, reward.train.meta.enabled false and "
+    "reward.train.lm_coef 0, or reward.num_processes 1"
+)
+
+
 class RewardConfig(StrictModel):
     train: RewardTrainConfig = RewardTrainConfig()
     compare_baseline: bool = Field(
         True, description="simulated world only: also train the same recipe on the raw labels and report its gold "
         "accuracy beside the denoised model's (what voting + denoising bought)",
     )
+    num_processes: int = Field(
+        1, ge=1, description="> 1: data-parallel worker ranks (accelerate; gradients summed over ranks as in PyTorch "
+        "DDP, Li et al. 2020): each rank trains on its shard of every batch, the same model as 1 process up to float "
+        "summation order; 1 = in-process",
+    )
+
+    @model_validator(mode="after")
+    def _data_parallel_supported(self) -> RewardConfig:
+        t = self.train
+        if self.num_processes > 1 and (t.contrastive.coef or t.meta.enabled or t.lm_coef):
+            raise ValueError(REWARD_DATA_PARALLEL_LIMITS)
+        return self
 
 
 # The switches a preset sets. In PPOConfig each is `None` unless given, and None means "the preset's value";

@@ -2,18 +2,23 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
+import pandas as pd
 from prefect import task
 from prefect.cache_policies import NO_CACHE
+from transformers import PreTrainedTokenizerBase
 
 from rlhf_core.artifacts import ArtifactRef
 from rlhf_core.config import RewardConfig
-from rlhf_core.reward.model import score_texts
+from rlhf_core.models import load_tokenizer
+from rlhf_core.reward.model import RewardModel, score_texts
 from rlhf_core.reward.train import pair_reward_diffs, train_reward_model
 from rlhf_core.schemas import read_table
 from rlhf_core.sim.metrics import accuracy_by_pair_type, answer_probe, gold_eval_pairs
 from tasks.common import RunContext, StageRun, run_stage
+from tasks.launch import run_worker
 
 VERSION = "3"
 HELD_OUT_SAMPLES_PER_PROMPT = 8  # 4 gold-labelled pairs per held-out prompt (~600 pairs in the demo)
@@ -35,8 +40,7 @@ def train_reward(ctx: RunContext, cfg: RewardConfig, denoised: ArtifactRef, comp
         pairs = read_table("denoised", denoised.file("denoised.parquet"))
         samples = (read_table("responses", responses.file("responses.parquet")) if cfg.train.meta.enabled
                    else None)
-        model, tokenizer, report = train_reward_model(policy.path, pairs, cfg.train, seed=seed, progress=True,
-                                                      meta_samples=samples)
+        model, tokenizer, report = train_on_ranks(cfg, policy.path, pairs, seed, samples, run.scratch / "denoised")
         model.save(out, tokenizer)
         metrics = {f"reward/{k}": float(v) for k, v in report.items() if isinstance(v, (int, float))}
         if simulated:
@@ -46,18 +50,40 @@ def train_reward(ctx: RunContext, cfg: RewardConfig, denoised: ArtifactRef, comp
             metrics.update(_gold_metrics("reward", model, tokenizer, eval_pairs, cfg, max_operand, operations))
             if cfg.compare_baseline:  # what voting + denoising bought: the same recipe on the raw labels
                 raw = read_table("comparisons", comparisons.file("comparisons.parquet"))
-                baseline, _, _ = train_reward_model(policy.path, raw, cfg.train, seed=seed, progress=True,
-                                                    meta_samples=samples)
+                baseline, _, _ = train_on_ranks(cfg, policy.path, raw, seed, samples, run.scratch / "baseline")
                 metrics.update(_gold_metrics("reward/baseline", baseline, tokenizer, eval_pairs, cfg, max_operand,
                                              operations))
         return metrics
 
     return run_stage(ctx, stage="reward", version=VERSION, kind="reward_model",
-                     config={"reward": cfg.model_dump(), "seed": seed, "simulated": simulated,
+                     config={"reward": cfg.model_dump(exclude={"num_processes"}), "seed": seed, "simulated": simulated,
                              "world": {"max_operand": max_operand, "operations": list(operations)}},
                      inputs={"denoised": denoised, "comparisons": comparisons, "policy": policy, "world": world}
                      | ({"responses": responses} if cfg.train.meta.enabled else {}),
-                     produce=produce, register_as="rlhf-reward-model")
+                     produce=produce, register_as="rlhf-reward-model",
+                     execution={"num_processes": cfg.num_processes})  # 1 and N ranks train the same model
+
+
+def train_on_ranks(cfg: RewardConfig, policy_dir: Path, pairs: pd.DataFrame, seed: int, samples: pd.DataFrame | None,
+           scratch: Path) -> tuple[RewardModel, PreTrainedTokenizerBase, dict[str, float]]:
+    """`train_reward_model` in this process, or as cfg.num_processes data-parallel worker ranks that leave
+    the model and its metrics in `scratch`/model (only rank 0 writes them)."""
+    if cfg.num_processes == 1:
+        return train_reward_model(policy_dir, pairs, cfg.train, seed=seed, progress=True, meta_samples=samples)
+    scratch.mkdir(parents=True, exist_ok=True)
+    pairs.to_parquet(scratch / "pairs.parquet", index=False)
+    (scratch / "train.json").write_text(cfg.train.model_dump_json())
+    model_dir = scratch / "model"
+    run_worker("rlhf_core.workers.train_reward",
+               ["--init-dir", str(policy_dir), "--pairs", str(scratch / "pairs.parquet"), "--config",
+                str(scratch / "train.json"), "--seed", str(seed), "--out", str(model_dir), "--progress"],
+               cfg.num_processes, scratch / "worker.log")
+    world_size = int((model_dir / "world_size.txt").read_text())
+    if world_size != cfg.num_processes:
+        raise RuntimeError(f"reward training asked for {cfg.num_processes} ranks and ran with {world_size}: "
+                           f"see {scratch / 'worker.log'}")
+    metrics = json.loads((model_dir / "metrics.json").read_text()) | {"world_size": world_size}
+    return RewardModel.load(model_dir), load_tokenizer(model_dir), metrics
 
 
 def _gold_metrics(prefix: str, model, tokenizer, eval_pairs, cfg: RewardConfig, max_operand: int,

@@ -13,7 +13,7 @@ from tqdm.auto import tqdm
 from transformers import PreTrainedTokenizerBase
 
 from rlhf_core import models
-from rlhf_core.config import RewardTrainConfig
+from rlhf_core.config import REWARD_DATA_PARALLEL_LIMITS, RewardTrainConfig
 from rlhf_core.reward.losses import (
     contrastive_samples,
     difference_loss,
@@ -156,6 +156,45 @@ def step_gradients(model: RewardModel, batch: dict[str, torch.Tensor], pairs: pd
     return loss, metrics | extra
 
 
+def rank_shard(global_rows: np.ndarray, rank: int, world_size: int) -> np.ndarray:
+    """This rank's contiguous share of a global batch's rows (sizes differ by at most 1; may be empty)."""
+    return np.array_split(global_rows, world_size)[rank]
+
+
+def shard_gradients(model: RewardModel, tokenizer, shard: pd.DataFrame, global_size: int, cfg: RewardTrainConfig
+                    ) -> tuple[torch.Tensor, dict[str, float]]:
+    """One data-parallel step's gradients: the global batch's mean-loss gradient, in .grad on every rank.
+
+    Each rank's loss, a mean over its n pairs, is weighted n / global_size before backward, so the sum
+    over ranks is the mean over the global batch whatever the shard sizes. Returns that global loss and
+    accuracy (also summed over ranks).
+    """
+    params = [p for p in model.parameters() if p.requires_grad]
+    if len(shard):
+        loss, metrics = pair_loss(model, _pair_batch(tokenizer, shard, cfg.max_length), shard, cfg)
+        weight = len(shard) / global_size
+        (weight * loss).backward()
+        totals = torch.tensor([weight * loss.item(), weight * metrics["accuracy"]], dtype=torch.float64)
+    else:  # a last batch smaller than the world: this rank adds nothing but still joins the sums
+        totals = torch.zeros(2, dtype=torch.float64)
+    for p in params:
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+    all_reduce_gradients(params)
+    torch.distributed.all_reduce(totals)
+    return totals[0].to(torch.float32), {"accuracy": totals[1].item()}
+
+
+def all_reduce_gradients(params: list[torch.nn.Parameter]) -> None:
+    """Sum every gradient over the ranks, in one flat buffer (one collective per step, not one per tensor)."""
+    flat = torch.cat([p.grad.reshape(-1) for p in params])  # (n_params,)
+    torch.distributed.all_reduce(flat)
+    offset = 0
+    for p in params:
+        p.grad.copy_(flat[offset : offset + p.numel()].view_as(p))
+        offset += p.numel()
+
+
 def train_reward_model(
     init_dir: str | Path,
     pairs: pd.DataFrame,
@@ -163,6 +202,8 @@ def train_reward_model(
     seed: int,
     progress: bool = False,
     meta_samples: pd.DataFrame | None = None,
+    rank: int = 0,
+    world_size: int = 1,
 ) -> tuple[RewardModel, PreTrainedTokenizerBase, dict[str, float]]:
     """Train a reward model initialised from the policy in `init_dir` on `pairs`.
 
@@ -174,10 +215,18 @@ def train_reward_model(
     each step first ascends their difference loss (`meta_ascent`), then descends the pair loss
     at the shifted weights and applies that gradient to the unshifted ones.
 
+    Data parallel when world_size > 1 (torch.distributed initialised, e.g. by the train_reward worker):
+    every rank draws the same global batches and trains on its shard of each (`rank_shard`); the
+    gradients are summed over ranks (`all_reduce_gradients`), so every step is the 1-rank step on the
+    same global batch, up to float summation order. Losses that are not a mean over pairs are refused
+    there (REWARD_DATA_PARALLEL_LIMITS; RewardConfig checks it first).
+
     Returns (model in eval mode, tokenizer, metrics): loss and accuracy are means over the last
     epoch's batches (as trained, not re-scored); contrastive_loss / meta_difference when on;
     logprob_weight; steps; seconds.
     """
+    if world_size > 1 and (cfg.contrastive.coef or cfg.meta.enabled or cfg.lm_coef):
+        raise ValueError(REWARD_DATA_PARALLEL_LIMITS)
     missing = [c for c in REQUIRED_COLUMNS if c not in pairs.columns]
     if missing:
         raise ValueError(f"pairs lack column(s) {missing}; present: {list(pairs.columns)}")
@@ -212,11 +261,15 @@ def train_reward_model(
         order = order_rng.permutation(len(pairs))
         epoch_loss, epoch_acc, epoch_extra = [], [], {}
         for start in range(0, len(pairs), cfg.batch_size):
-            batch_pairs = pairs.iloc[order[start : start + cfg.batch_size]]
+            global_rows = order[start : start + cfg.batch_size]
+            batch_pairs = pairs.iloc[rank_shard(global_rows, rank, world_size)]
             optimizer.zero_grad(set_to_none=True)
             meta = None if groups is None else meta_batch(tokenizer, groups, cfg, meta_rng)
-            loss, metrics = step_gradients(model, _pair_batch(tokenizer, batch_pairs, cfg.max_length), batch_pairs,
-                                           cfg, meta)
+            if world_size == 1:
+                loss, metrics = step_gradients(model, _pair_batch(tokenizer, batch_pairs, cfg.max_length),
+                                               batch_pairs, cfg, meta)
+            else:
+                loss, metrics = shard_gradients(model, tokenizer, batch_pairs, len(global_rows), cfg)
             torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
             optimizer.step()
             scheduler.step()
