@@ -14,7 +14,8 @@ import torch
 
 from rlhf_core.config import EvalConfig
 from rlhf_core.generation.sampler import sample_batch
-from rlhf_core.judge.protocol import judge_pair_with_rationale, summarize
+from rlhf_core.judge.protocol import Judge, judge_pairs
+from rlhf_core.judge.stats import agreement, verdict_metrics
 from rlhf_core.models import format_query
 from rlhf_core.ops import logprobs_from_logits
 from rlhf_core.ppo.trainer import response_logits
@@ -32,10 +33,15 @@ def kl_to_baseline(candidate, baseline, tokenizer, prompts: list[str], max_new_t
     return float(((logp_c - logp_b) * sample.response_mask).sum(1).mean())
 
 
-def compare_policies(candidate, baseline, tokenizer, prompts: pd.DataFrame, judge, cfg: EvalConfig, seed: int,
+def compare_policies(candidate, baseline, tokenizer, prompts: pd.DataFrame, judge: Judge, cfg: EvalConfig, seed: int,
                      score_fn: ScoreFn | None = None, gold_fn: Callable[[str, str], float] | None = None,
-                     names: tuple[str, str] = ("candidate", "baseline")) -> tuple[pd.DataFrame, dict]:
-    """Return the judgements table (candidate as model_a) and metrics."""
+                     names: tuple[str, str] = ("candidate", "baseline"), concurrency: int = 1,
+                     gold_judge: Judge | None = None) -> tuple[pd.DataFrame, dict]:
+    """Return the judgements table (candidate as model_a; both orders, rationales, parse status) and metrics.
+
+    `gold_judge`: a second judge of the same pairs (the simulated world's oracle); its verdicts go in
+    `verdict_gold` and the judge's agreement with it in `judge/agreement_with_gold`.
+    """
     prompts = prompts.iloc[: cfg.n_prompts]
     texts = prompts["prompt"].tolist()
     queries = [format_query(tokenizer, p) for p in texts]
@@ -44,15 +50,18 @@ def compare_policies(candidate, baseline, tokenizer, prompts: pd.DataFrame, judg
                            generator_seed=seed).texts
         for name, model in zip(names, (candidate, baseline))
     }
-    rows = []
-    for pid, prompt, a, b in zip(prompts["prompt_id"], texts, resp[names[0]], resp[names[1]]):
-        verdict, ab, ba, rationale = judge_pair_with_rationale(judge, prompt, a, b)
-        rows.append({"prompt_id": pid, "model_a": names[0], "model_b": names[1], "response_a": a,
-                     "response_b": b, "verdict": verdict, "verdict_ab": ab, "verdict_ba": ba,
-                     "rationale": rationale})
-    judgements = pd.DataFrame(rows)
-    metrics = {f"judge/{k}": v for k, v in summarize(judgements["verdict"].tolist()).items()}
-    metrics["judge/position_disagreement"] = float((judgements["verdict_ab"] != judgements["verdict_ba"]).mean())
+    pairs = list(zip(texts, resp[names[0]], resp[names[1]]))
+    judgements = pd.DataFrame([
+        {"prompt_id": pid, "model_a": names[0], "model_b": names[1], "response_a": a, "response_b": b} | row
+        for pid, (_, a, b), row in zip(prompts["prompt_id"], pairs, judge_pairs(judge, pairs, concurrency))
+    ])
+    metrics = judgement_metrics(judgements, cfg.bootstrap_samples, seed)
+    if gold_judge is not None:
+        judgements["verdict_gold"] = [row["verdict"] for row in judge_pairs(gold_judge, pairs)]
+        metrics["judge/agreement_with_gold"] = agreement(judgements["verdict"].tolist(),
+                                                         judgements["verdict_gold"].tolist())
+        metrics |= {f"gold_judge/{k}": v for k, v in verdict_metrics(judgements["verdict_gold"].tolist(),
+                                                                     cfg.bootstrap_samples, seed).items()}
     for name in names:
         metrics[f"{name}/response_length"] = float(np.mean([len(r) for r in resp[name]]))
         if score_fn is not None:
@@ -62,3 +71,14 @@ def compare_policies(candidate, baseline, tokenizer, prompts: pd.DataFrame, judg
     metrics[f"{names[0]}/kl_to_{names[1]}"] = kl_to_baseline(candidate, baseline, tokenizer, texts,
                                                              cfg.max_new_tokens, seed)
     return judgements, metrics
+
+
+def judgement_metrics(judgements: pd.DataFrame, n_boot: int, seed: int) -> dict[str, float]:
+    """judge/{win,tie,lose}_rate with bootstrap 95 % bounds (_lo, _hi), n, the share of pairs whose two orders
+    disagree, and the share of single-order replies that parsed only by a fallback or not at all."""
+    metrics = {f"judge/{k}": v for k, v in verdict_metrics(judgements["verdict"].tolist(), n_boot, seed).items()}
+    metrics["judge/position_disagreement"] = float((judgements["verdict_ab"] != judgements["verdict_ba"]).mean())
+    statuses = pd.concat([judgements["parse_status_ab"], judgements["parse_status_ba"]])
+    for status in ("fallback", "unparsed"):
+        metrics[f"judge/{status}_share"] = float((statuses == status).mean())
+    return metrics

@@ -1,7 +1,14 @@
-"""Stage 8: the new policy judged against the SFT policy, both orders, win/tie/lose."""
+"""Stage 8: the new policy judged against the SFT policy, both orders, win/tie/lose with 95 % intervals.
+
+The judge is the simulated world's oracle (default), an OpenAI-compatible LLM over HTTP (GPT-4,
+vLLM) or a local transformers model. An LLM judge's key comes from an environment variable or a
+Prefect Secret block, read here and handed to the judge: never into the config, params or logs.
+LLM judges' verdicts are also compared with the oracle's on the same pairs (agreement with gold).
+"""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from prefect import task
@@ -9,16 +16,99 @@ from prefect.cache_policies import NO_CACHE
 
 from rlhf_core import models
 from rlhf_core.artifacts import ArtifactRef
-from rlhf_core.config import EvalConfig, RewardTrainConfig
+from rlhf_core.config import EvalConfig, HTTPJudgeConfig, RewardTrainConfig
 from rlhf_core.evaluation import compare_policies
+from rlhf_core.judge.cache import JudgementCache
 from rlhf_core.judge.oracle import OracleJudge
+from rlhf_core.judge.prompt import criteria_text
 from rlhf_core.schemas import read_table, write_table
 from rlhf_core.sim.world import gold_score
 from tasks.common import RunContext, StageRun, run_stage
-from tasks.plots import verdict_bars
+from tasks.plots import verdict_bars_with_intervals
 from tasks.ppo import reward_scorer
 
-VERSION = "1"
+VERSION = "2"  # 2: judgements carry both rationales and parse statuses; win/tie/lose intervals
+# how an HTTP judge runs, not what it answers: kept out of the stage's cache key
+HTTP_EXECUTION_KEYS = ("timeout_s", "max_retries", "backoff_s", "concurrency")
+
+
+def http_api_key(cfg: HTTPJudgeConfig) -> str | None:
+    """The key from the Prefect Secret block `secret_block`, else from the variable `api_key_env`, else None."""
+    if cfg.secret_block:
+        from prefect.blocks.system import Secret
+
+        return Secret.load(cfg.secret_block).get()
+    if cfg.api_key_env is None:
+        return None
+    key = os.environ.get(cfg.api_key_env)
+    if not key:
+        raise RuntimeError(f"evaluation.http.api_key_env names {cfg.api_key_env}, which is not set: export the "
+                           "API key in it, give evaluation.http.secret_block, or set api_key_env to null for a "
+                           "server that needs no key")
+    return key
+
+
+def make_judge(cfg: EvalConfig, workdir: str | Path):
+    """The configured judge; LLM judges share the workdir's judgement cache."""
+    if cfg.judge == "oracle":
+        return OracleJudge(tie_margin=cfg.tie_margin)
+    cache = JudgementCache(Path(workdir) / cfg.cache_file)
+    criteria = criteria_text(cfg.criteria, cfg.custom_criteria)
+    if cfg.judge == "http":
+        h = cfg.http
+        from rlhf_core.judge.http import HTTPJudge
+
+        return HTTPJudge(h.base_url, h.model, criteria, cfg.template_version, api_key=http_api_key(h), cache=cache,
+                         timeout_s=h.timeout_s, max_retries=h.max_retries, backoff_s=h.backoff_s,
+                         max_tokens=h.max_tokens, price_input_per_1k=h.price_input_per_1k,
+                         price_output_per_1k=h.price_output_per_1k)
+    if cfg.judge == "local":
+        from rlhf_core.judge.local import LocalJudge
+
+        return LocalJudge(cfg.local.model_path, criteria, cfg.template_version, cache=cache,
+                          max_new_tokens=cfg.local.max_new_tokens, max_input_tokens=cfg.local.max_input_tokens)
+    raise ValueError(f"unknown judge {cfg.judge!r}")
+
+
+def usage_metrics(judge) -> dict[str, float]:
+    """judge/requests, retries, cache_hits, prompt_tokens, completion_tokens, cost_usd of an LLM judge."""
+    usage = getattr(judge, "usage", None)
+    if usage is None:
+        return {}
+    names = ("requests", "retries", "cache_hits", "replies", "prompt_tokens", "completion_tokens")
+    metrics = {f"judge/{name}": float(usage[name]) for name in names}
+    metrics["judge/cost_usd"] = float(getattr(judge, "cost_usd", 0.0))
+    return metrics
+
+
+def headline(metrics: dict[str, float], cfg: EvalConfig) -> str:
+    """The Prefect markdown artifact: win / tie / lose with intervals, agreement and cost."""
+    judge = cfg.judge if cfg.judge != "http" else f"http ({cfg.http.model}, {cfg.template_version}, {cfg.criteria})"
+    lines = [f"# New policy vs SFT, judged by {judge}", "",
+             f"{int(metrics['eval/judge/n'])} held-out prompts, both orders asked (a tie when they disagree).", "",
+             "| verdict | share | 95 % CI |", "| --- | --- | --- |"]
+    for v in ("win", "tie", "lose"):
+        m = f"eval/judge/{v}_rate"
+        lines.append(f"| {v} | {metrics[m]:.1%} | {metrics[m + '_lo']:.1%} – {metrics[m + '_hi']:.1%} |")
+    extra = {"agreement with gold (oracle)": "eval/judge/agreement_with_gold",
+             "position disagreement": "eval/judge/position_disagreement",
+             "unparsed replies": "eval/judge/unparsed_share"}
+    lines += [""] + [f"- {label}: {metrics[key]:.1%}" for label, key in extra.items() if key in metrics]
+    if "eval/judge/cost_usd" in metrics:
+        lines.append(f"- requests {int(metrics['eval/judge/requests'])}, cache hits "
+                     f"{int(metrics['eval/judge/cache_hits'])}, cost ${metrics['eval/judge/cost_usd']:.4f}")
+    return "\n".join(lines)
+
+
+def _publish_headline(markdown: str, round_name: str) -> None:
+    """A Prefect markdown artifact on the running flow; nothing outside a Prefect run (tests calling .fn)."""
+    from prefect.artifacts import create_markdown_artifact
+    from prefect.context import FlowRunContext, TaskRunContext
+
+    if FlowRunContext.get() is None and TaskRunContext.get() is None:
+        return
+    key = "".join(c if c.isalnum() else "-" for c in f"evaluation-{round_name}".lower())
+    create_markdown_artifact(markdown=markdown, key=key, description="new policy vs SFT: win / tie / lose")
 
 
 @task(name="evaluate", version=VERSION, cache_policy=NO_CACHE)
@@ -29,18 +119,30 @@ def evaluate(ctx: RunContext, cfg: EvalConfig, candidate: ArtifactRef, baseline:
     def produce(out: Path, run: StageRun) -> dict[str, float]:
         prompts = read_table("prompts", world.file("eval_prompts.parquet"))
         tokenizer = models.load_tokenizer(candidate.path)
-        judge = OracleJudge(tie_margin=cfg.tie_margin)
-        judgements, metrics = compare_policies(
-            models.load_policy(candidate.path), models.load_policy(baseline.path), tokenizer, prompts, judge, cfg,
-            seed=seed, score_fn=reward_scorer(reward_model.path, reward_train.max_length), gold_fn=gold_score,
-            names=("policy", "sft"),
-        )
+        judge = make_judge(cfg, ctx.workdir)
+        llm = cfg.judge != "oracle"
+        try:
+            judgements, metrics = compare_policies(
+                models.load_policy(candidate.path), models.load_policy(baseline.path), tokenizer, prompts, judge,
+                cfg, seed=seed, score_fn=reward_scorer(reward_model.path, reward_train.max_length),
+                gold_fn=gold_score, names=("policy", "sft"), concurrency=cfg.http.concurrency if llm else 1,
+                gold_judge=OracleJudge(tie_margin=cfg.tie_margin) if llm else None,
+            )
+        finally:
+            if hasattr(judge, "close"):
+                judge.close()
+        metrics |= usage_metrics(judge)
         write_table("judgements", judgements, out / "judgements.parquet")
-        run.log_figure(verdict_bars({k.split("/")[-1]: v for k, v in metrics.items()}, "new policy vs SFT"),
+        run.log_figure(verdict_bars_with_intervals({k.split("/")[-1]: v for k, v in metrics.items()
+                                                    if k.startswith("judge/")}, "new policy vs SFT"),
                        "win_tie_lose.png")
-        return {f"eval/{k}": v for k, v in metrics.items()}
+        metrics = {f"eval/{k}": v for k, v in metrics.items()}
+        _publish_headline(headline(metrics, cfg), ctx.round_name)
+        return metrics
 
-    config = {"evaluation": cfg.model_dump(), "reward_max_length": reward_train.max_length, "seed": seed}
+    evaluation = cfg.model_dump()
+    execution = {"http": {k: evaluation["http"].pop(k) for k in HTTP_EXECUTION_KEYS}}
+    config = {"evaluation": evaluation, "reward_max_length": reward_train.max_length, "seed": seed}
     return run_stage(ctx, stage="evaluate", version=VERSION, kind="judgements", config=config,
                      inputs={"candidate": candidate, "baseline": baseline, "reward_model": reward_model,
-                             "world": world}, produce=produce)
+                             "world": world}, produce=produce, execution=execution)

@@ -124,3 +124,22 @@ def verdict_bars(rates: dict[str, float], title: str):
     ax.set_ylim(0, 1)
     ax.set_title(title)
     return fig
+
+
+def verdict_bars_with_intervals(rates: dict[str, float], title: str):
+    """Win / tie / lose shares with their bootstrap 95 % intervals as error bars.
+
+    rates: {"win_rate": r, "win_rate_lo": lo, "win_rate_hi": hi, ...} (rlhf_core.judge.stats.verdict_metrics).
+    """
+    names = ["win", "tie", "lose"]
+    shares = [rates.get(f"{n}_rate", 0.0) for n in names]
+    below = [max(0.0, s - rates.get(f"{n}_rate_lo", s)) for n, s in zip(names, shares)]
+    above = [max(0.0, rates.get(f"{n}_rate_hi", s) - s) for n, s in zip(names, shares)]
+    fig, ax = plt.subplots(figsize=(4.5, 3.2))
+    ax.bar(names, shares, yerr=[below, above], capsize=6, color=["tab:green", "tab:gray", "tab:red"])
+    for i, share in enumerate(shares):
+        ax.text(i, share + above[i] + 0.02, f"{share:.0%}", ha="center", fontsize=8)
+    ax.set_ylim(0, 1.1)
+    ax.set_ylabel("share of prompts (95 % bootstrap CI)")
+    ax.set_title(title)
+    return fig

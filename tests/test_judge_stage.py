@@ -1,0 +1,153 @@
+"""The evaluate stage with the HTTP judge against a real oracle-backed server on 127.0.0.1.
+
+Runs `evaluate.fn` on tiny random policies of the simulated world, then reads back what MLflow
+recorded (metrics, params, tags, artifacts) and what was logged, and looks for the API key.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+from judge_server import COMPLETION_TOKENS, PROMPT_TOKENS, JudgeServer
+from mlflow import MlflowClient
+
+from rlhf_core import models
+from rlhf_core.config import EvalConfig, HTTPJudgeConfig, PolicyModelConfig, RewardTrainConfig, WorldConfig
+from rlhf_core.reward.model import RewardModel
+from rlhf_core.schemas import read_table
+from tasks.common import RunContext, run_stage
+from tasks.evaluation import evaluate, headline, http_api_key
+from tasks.tracking import Tracker
+from tasks.world import build_world
+
+KEY = "sk-stage-3b7d1e55-must-not-leak"
+KEY_ENV = "RLHF_TEST_JUDGE_KEY"
+TINY = PolicyModelConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                         num_key_value_heads=1)
+N_PROMPTS = 4
+
+
+def _policy(ctx, seed: int):
+    def produce(out, run):
+        tokenizer = models.build_tokenizer()
+        models.save_hf(models.build_policy(TINY, tokenizer, seed=seed), tokenizer, out)
+        return {}
+    return run_stage(ctx, stage=f"policy{seed}", version="1", kind="policy", config={"seed": seed}, inputs={},
+                     produce=produce)
+
+
+def _reward(ctx, policy):
+    def produce(out, run):
+        RewardModel.from_policy(policy.path).save(out, models.load_tokenizer(policy.path))
+        return {}
+    return run_stage(ctx, stage="reward", version="1", kind="reward_model", config={}, inputs={"policy": policy},
+                     produce=produce)
+
+
+@pytest.fixture(scope="module")
+def stage(tmp_path_factory):
+    """Two evaluate runs of the HTTP judge (the second with other bootstrap settings: a stage cache miss whose
+    judgements all come from the judgement cache), the server's requests and everything logged."""
+    workdir = tmp_path_factory.mktemp("evaluate")
+    uri = f"sqlite:///{workdir / 'mlflow.db'}"
+    ctx = RunContext(workdir=str(workdir), tracking_uri=uri, experiment="judge-stage",
+                     parent_run_id=Tracker(uri, "judge-stage").start_run("round", {}), round_name="t")
+    world = build_world.fn(ctx, WorldConfig(n_prompts=10, n_eval_prompts=N_PROMPTS), seed=0)
+    candidate, baseline = _policy(ctx, 1), _policy(ctx, 2)
+    reward = _reward(ctx, baseline)
+    mp = pytest.MonkeyPatch()
+    mp.setenv(KEY_ENV, KEY)
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler(logging.DEBUG)
+    handler.emit = records.append
+    logging.getLogger().addHandler(handler)
+    old_level = logging.getLogger().level
+    logging.getLogger().setLevel(logging.DEBUG)  # every library's debug lines too (httpx, mlflow)
+    try:
+        with JudgeServer() as server:
+            server.script = [("status", 429, {"Retry-After": "0"}), ("status", 500, {})]  # errors echo the header
+            http = HTTPJudgeConfig(base_url=server.base_url, model="judge-model", api_key_env=KEY_ENV, backoff_s=0.01,
+                                   price_input_per_1k=0.03, price_output_per_1k=0.06, concurrency=2)
+            cfg = EvalConfig(judge="http", n_prompts=N_PROMPTS, max_new_tokens=6, http=http)
+            args = (candidate, baseline, reward, world, RewardTrainConfig(max_length=64))
+            first = evaluate.fn(ctx, cfg, *args, seed=0)
+            requests_after_first = len(server.requests)
+            second = evaluate.fn(ctx, cfg.model_copy(update={"bootstrap_samples": 500}), *args, seed=0)
+            requests = list(server.requests)
+    finally:
+        logging.getLogger().removeHandler(handler)
+        logging.getLogger().setLevel(old_level)
+        mp.undo()
+    client = MlflowClient(uri)
+    runs = client.search_runs([client.get_experiment_by_name("judge-stage").experiment_id],
+                              filter_string="tags.`rlhf.stage` = 'evaluate'", order_by=["attributes.start_time ASC"])
+    return dict(first=first, second=second, runs=runs, client=client, requests=requests,
+                requests_after_first=requests_after_first, records=records, workdir=workdir)
+
+
+def test_judgements_table_has_both_orders_rationales_parse_status_and_gold(stage):
+    table = read_table("judgements", Path(stage["first"].path) / "judgements.parquet")
+    assert len(table) == N_PROMPTS
+    for column in ("verdict_ab", "verdict_ba", "rationale_ab", "rationale_ba", "parse_status_ab", "parse_status_ba",
+                   "verdict_gold"):
+        assert column in table.columns
+    assert set(table["parse_status_ab"]) | set(table["parse_status_ba"]) == {"ok"}  # the oracle server says [[X]]
+    assert table["rationale_ab"].str.contains("gold(first)=", regex=False).all()
+    # the server answers from the same oracle as the gold judge: the LLM judge agrees with gold everywhere
+    assert (table["verdict"] == table["verdict_gold"]).all()
+
+
+def test_metrics_intervals_tokens_and_cost_reach_mlflow(stage):
+    metrics = stage["runs"][0].data.metrics
+    # both orders of every prompt: a reply each, or a cache hit where a pair repeats (the tiny random
+    # policies often answer alike); requests = replies + the 429 and the 500 retried
+    replies = metrics["eval/judge/replies"]
+    assert replies + metrics["eval/judge/cache_hits"] == 2 * N_PROMPTS and replies >= 1
+    assert metrics["eval/judge/requests"] == replies + 2 and metrics["eval/judge/retries"] == 2
+    assert metrics["eval/judge/prompt_tokens"] == replies * PROMPT_TOKENS
+    assert metrics["eval/judge/cost_usd"] == pytest.approx(replies * (PROMPT_TOKENS * 0.03
+                                                                      + COMPLETION_TOKENS * 0.06) / 1000)
+    assert metrics["eval/judge/agreement_with_gold"] == 1.0
+    for v in ("win", "tie", "lose"):
+        assert metrics[f"eval/judge/{v}_rate_lo"] <= metrics[f"eval/judge/{v}_rate"] <= metrics[f"eval/judge/{v}_rate_hi"]
+    artifacts = {a.path for a in stage["client"].list_artifacts(stage["runs"][0].info.run_id, "plots")}
+    assert "plots/win_tie_lose.png" in artifacts
+
+
+def test_a_rerun_takes_every_judgement_from_the_cache(stage):
+    assert stage["runs"][1].data.tags["rlhf.cache"] == "miss"  # the stage ran again (other bootstrap settings)
+    assert len(stage["requests"]) == stage["requests_after_first"]  # the second run sent nothing
+    metrics = stage["runs"][1].data.metrics
+    assert metrics["eval/judge/requests"] == 0 and metrics["eval/judge/cache_hits"] == 2 * N_PROMPTS
+
+
+def test_the_key_was_sent_but_appears_in_no_param_tag_artifact_or_log_line(stage, tmp_path):
+    assert all(r["headers"]["Authorization"] == f"Bearer {KEY}" for r in stage["requests"])
+    client = stage["client"]
+    for run in stage["runs"]:
+        assert KEY not in repr(run.data.params) and KEY not in repr(run.data.tags)
+        assert KEY_ENV not in repr(run.data.params)  # api_key_env is dropped as credential-like, name and all
+        assert run.data.params["evaluation.http.base_url"].startswith("http://127.0.0.1:")
+        local = Path(client.download_artifacts(run.info.run_id, "", str(tmp_path / run.info.run_id)))
+        files = [f for f in local.rglob("*") if f.is_file()]
+        assert files and not any(KEY.encode() in f.read_bytes() for f in files)
+    lines = [r.getMessage() for r in stage["records"]]
+    assert any("127.0.0.1" in line for line in lines)  # the requests were logged (httpx), and nothing more
+    assert not any(KEY in line for line in lines)
+    assert not any(KEY.encode() in f.read_bytes() for f in stage["workdir"].rglob("*") if f.is_file())
+
+
+def test_headline_markdown_names_the_intervals(stage):
+    metrics = stage["runs"][0].data.metrics
+    text = headline(metrics, EvalConfig(judge="http", http=HTTPJudgeConfig(base_url="http://x", model="m")))
+    assert text.startswith("# New policy vs SFT, judged by http (m, pairwise-v1, helpfulness)")
+    assert f"{N_PROMPTS} held-out prompts" in text and "| win |" in text and "agreement with gold" in text
+
+
+def test_a_missing_key_variable_is_named_and_a_keyless_server_needs_none(monkeypatch):
+    monkeypatch.delenv(KEY_ENV, raising=False)
+    with pytest.raises(RuntimeError, match=f"{KEY_ENV}, which is not set"):
+        http_api_key(HTTPJudgeConfig(base_url="http://x", api_key_env=KEY_ENV))
+    assert http_api_key(HTTPJudgeConfig(base_url="http://x", api_key_env=None)) is None
