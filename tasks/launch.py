@@ -2,8 +2,8 @@
 
 On a GPU node: `accelerate launch --multi_gpu --num_processes N -m <worker>`. Without a GPU the same
 command with ACCELERATE_USE_CPU=1 gives N gloo ranks (`accelerate launch --cpu --num_processes N`
-silently starts ONE process; see ../shared/STACK-NOTES.md). With a DeepSpeed config the command is
-`accelerate launch --config_file infra/accelerate/<zero>.yaml` instead (see `deepspeed_config`).
+silently starts ONE process; see ../shared/STACK-NOTES.md). With DeepSpeed, `--use_deepspeed
+--deepspeed_config_file infra/deepspeed/<zero2|zero3>.json` replaces --multi_gpu (see `deepspeed_config`).
 
 The group runs in its own session (process group), so the launcher can always stop all of it: on any
 exception in the task (a Prefect cancellation or shutdown arrives as Prefect's TerminationSignal, a task
@@ -56,13 +56,13 @@ def free_port() -> int:
 
 
 def deepspeed_config(choice: str | None) -> Path | None:
-    """The accelerate config file of a stage's `deepspeed` setting: None, a preset name, or a path."""
+    """The DeepSpeed JSON of a stage's `deepspeed` setting: None (off), zero2 / zero3 (infra/deepspeed/), a path."""
     if choice is None:
         return None
-    path = INFRA / "accelerate" / f"{choice}.yaml" if choice in DEEPSPEED_PRESETS else Path(choice)
+    path = INFRA / "deepspeed" / f"{choice}.json" if choice in DEEPSPEED_PRESETS else Path(choice).resolve()
     if not path.is_file():
         raise FileNotFoundError(f"deepspeed config {path} does not exist: give one of {DEEPSPEED_PRESETS} or the "
-                                "path of an accelerate config file with a deepspeed_config section")
+                                "path of a DeepSpeed JSON config")
     return path
 
 
@@ -79,18 +79,14 @@ def accelerate_command(module: str, args: list[str], num_processes: int, deepspe
     if rank_logs is not None:
         port += ["--log_dir", str(rank_logs)]
     ds_config = deepspeed_config(deepspeed)
-    if ds_config is not None:
-        # DeepSpeed cannot take --cpu; on CPU the worker asks for the gloo backend (see ranks.start_ranks)
-        if not torch.cuda.is_available():
-            env["RLHF_DIST_BACKEND"] = "gloo"
-            env.setdefault("RLHF_TORCH_THREADS", str(max(1, (os.cpu_count() or 1) // num_processes)))
-        argv = [accelerate, "launch", "--config_file", str(ds_config), "--num_processes", str(num_processes),
-                *port, "-m", module, *args]
-        return argv, env
     if not torch.cuda.is_available():
-        env["ACCELERATE_USE_CPU"] = "1"
         env.setdefault("RLHF_TORCH_THREADS", str(max(1, (os.cpu_count() or 1) // num_processes)))
-    argv = [accelerate, "launch", "--multi_gpu", "--num_processes", str(num_processes), "--num_machines", "1",
+        if ds_config is None:
+            env["ACCELERATE_USE_CPU"] = "1"
+        else:  # DeepSpeed refuses --cpu / ACCELERATE_USE_CPU: the worker asks for gloo (see ranks.start_ranks)
+            env["RLHF_DIST_BACKEND"] = "gloo"
+    mode = ["--multi_gpu"] if ds_config is None else ["--use_deepspeed", "--deepspeed_config_file", str(ds_config)]
+    argv = [accelerate, "launch", *mode, "--num_processes", str(num_processes), "--num_machines", "1",
             "--mixed_precision", "no", "--dynamo_backend", "no", *port, "-m", module, *args]
     return argv, env
 

@@ -21,6 +21,7 @@ from tasks.common import RunContext, StageRun, run_stage
 from tasks.launch import run_worker
 
 VERSION = "3"
+EXECUTION_SETTINGS = {"num_processes", "deepspeed"}  # how the model is trained, not which: out of the cache key
 HELD_OUT_SAMPLES_PER_PROMPT = 8  # 4 gold-labelled pairs per held-out prompt (~600 pairs in the demo)
 
 
@@ -56,19 +57,19 @@ def train_reward(ctx: RunContext, cfg: RewardConfig, denoised: ArtifactRef, comp
         return metrics
 
     return run_stage(ctx, stage="reward", version=VERSION, kind="reward_model",
-                     config={"reward": cfg.model_dump(exclude={"num_processes"}), "seed": seed, "simulated": simulated,
+                     config={"reward": cfg.model_dump(exclude=EXECUTION_SETTINGS), "seed": seed, "simulated": simulated,
                              "world": {"max_operand": max_operand, "operations": list(operations)}},
                      inputs={"denoised": denoised, "comparisons": comparisons, "policy": policy, "world": world}
                      | ({"responses": responses} if cfg.train.meta.enabled else {}),
                      produce=produce, register_as="rlhf-reward-model",
-                     execution={"num_processes": cfg.num_processes})  # 1 and N ranks train the same model
+                     execution={"num_processes": cfg.num_processes, "deepspeed": cfg.deepspeed})  # same model
 
 
 def train_on_ranks(cfg: RewardConfig, policy_dir: Path, pairs: pd.DataFrame, seed: int, samples: pd.DataFrame | None,
            scratch: Path) -> tuple[RewardModel, PreTrainedTokenizerBase, dict[str, float]]:
-    """`train_reward_model` in this process, or as cfg.num_processes data-parallel worker ranks that leave
-    the model and its metrics in `scratch`/model (only rank 0 writes them)."""
-    if cfg.num_processes == 1:
+    """`train_reward_model` in this process, or as cfg.num_processes data-parallel worker ranks (through
+    DeepSpeed when cfg.deepspeed) that leave the model and its metrics in `scratch`/model (rank 0 writes)."""
+    if cfg.num_processes == 1 and cfg.deepspeed is None:
         return train_reward_model(policy_dir, pairs, cfg.train, seed=seed, progress=True, meta_samples=samples)
     scratch.mkdir(parents=True, exist_ok=True)
     pairs.to_parquet(scratch / "pairs.parquet", index=False)
@@ -77,7 +78,7 @@ def train_on_ranks(cfg: RewardConfig, policy_dir: Path, pairs: pd.DataFrame, see
     run_worker("rlhf_core.workers.train_reward",
                ["--init-dir", str(policy_dir), "--pairs", str(scratch / "pairs.parquet"), "--config",
                 str(scratch / "train.json"), "--seed", str(seed), "--out", str(model_dir), "--progress"],
-               cfg.num_processes, scratch / "worker.log")
+               cfg.num_processes, scratch / "worker.log", deepspeed=cfg.deepspeed)
     world_size = int((model_dir / "world_size.txt").read_text())
     if world_size != cfg.num_processes:
         raise RuntimeError(f"reward training asked for {cfg.num_processes} ranks and ran with {world_size}: "

@@ -161,26 +161,46 @@ def rank_shard(global_rows: np.ndarray, rank: int, world_size: int) -> np.ndarra
     return np.array_split(global_rows, world_size)[rank]
 
 
+def shard_loss(model: RewardModel, tokenizer, shard: pd.DataFrame, global_size: int, cfg: RewardTrainConfig
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+    """This rank's part of a global batch's mean loss, and its part of (loss, accuracy) as float64 (2,).
+
+    Each rank's loss, a mean over its n pairs, is weighted n / global_size, so the sum over ranks is the
+    mean over the global batch whatever the shard sizes.
+    """
+    if not len(shard):  # a last batch smaller than the world: nothing from this rank, but it joins the sums
+        return sum(p.sum() for p in model.parameters() if p.requires_grad) * 0.0, torch.zeros(2, dtype=torch.float64)
+    loss, metrics = pair_loss(model, _pair_batch(tokenizer, shard, cfg.max_length), shard, cfg)
+    weight = len(shard) / global_size
+    return weight * loss, torch.tensor([weight * loss.item(), weight * metrics["accuracy"]], dtype=torch.float64)
+
+
 def shard_gradients(model: RewardModel, tokenizer, shard: pd.DataFrame, global_size: int, cfg: RewardTrainConfig
                     ) -> tuple[torch.Tensor, dict[str, float]]:
     """One data-parallel step's gradients: the global batch's mean-loss gradient, in .grad on every rank.
-
-    Each rank's loss, a mean over its n pairs, is weighted n / global_size before backward, so the sum
-    over ranks is the mean over the global batch whatever the shard sizes. Returns that global loss and
-    accuracy (also summed over ranks).
-    """
+    Returns the global batch's loss and accuracy."""
     params = [p for p in model.parameters() if p.requires_grad]
-    if len(shard):
-        loss, metrics = pair_loss(model, _pair_batch(tokenizer, shard, cfg.max_length), shard, cfg)
-        weight = len(shard) / global_size
-        (weight * loss).backward()
-        totals = torch.tensor([weight * loss.item(), weight * metrics["accuracy"]], dtype=torch.float64)
-    else:  # a last batch smaller than the world: this rank adds nothing but still joins the sums
-        totals = torch.zeros(2, dtype=torch.float64)
+    loss, totals = shard_loss(model, tokenizer, shard, global_size, cfg)
+    loss.backward()
     for p in params:
-        if p.grad is None:
+        if p.grad is None:  # not on this batch's path (e.g. the LM head with lm_coef 0): the sum needs it
             p.grad = torch.zeros_like(p)
     all_reduce_gradients(params)
+    return global_metrics(totals)
+
+
+def deepspeed_step(accelerator, model, tokenizer, shard: pd.DataFrame, global_size: int, cfg: RewardTrainConfig
+                   ) -> tuple[torch.Tensor, dict[str, float]]:
+    """One data-parallel step through DeepSpeed's engine, which averages the gradients over the ranks,
+    clips them and steps the optimizer (accelerate's optimizer wrapper's own step then does nothing).
+    The loss is scaled by the world size so that its average is the sum `shard_gradients` takes."""
+    loss, totals = shard_loss(model, tokenizer, shard, global_size, cfg)
+    accelerator.backward(loss * accelerator.num_processes)
+    return global_metrics(totals)
+
+
+def global_metrics(totals: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
+    """(loss, {"accuracy"}) of the global batch: the ranks' parts summed."""
     torch.distributed.all_reduce(totals)
     return totals[0].to(torch.float32), {"accuracy": totals[1].item()}
 
@@ -204,6 +224,7 @@ def train_reward_model(
     meta_samples: pd.DataFrame | None = None,
     rank: int = 0,
     world_size: int = 1,
+    deepspeed=None,
 ) -> tuple[RewardModel, PreTrainedTokenizerBase, dict[str, float]]:
     """Train a reward model initialised from the policy in `init_dir` on `pairs`.
 
@@ -219,13 +240,15 @@ def train_reward_model(
     every rank draws the same global batches and trains on its shard of each (`rank_shard`); the
     gradients are summed over ranks (`all_reduce_gradients`), so every step is the 1-rank step on the
     same global batch, up to float summation order. Losses that are not a mean over pairs are refused
-    there (REWARD_DATA_PARALLEL_LIMITS; RewardConfig checks it first).
+    there (REWARD_DATA_PARALLEL_LIMITS; RewardConfig checks it first). `deepspeed`: the worker's
+    Accelerator when launched with a DeepSpeed config (ZeRO); the model and optimizer then go through its
+    prepare, and its engine takes the backward, the gradient average, the clipping and the optimizer step.
 
     Returns (model in eval mode, tokenizer, metrics): loss and accuracy are means over the last
     epoch's batches (as trained, not re-scored); contrastive_loss / meta_difference when on;
     logprob_weight; steps; seconds.
     """
-    if world_size > 1 and (cfg.contrastive.coef or cfg.meta.enabled or cfg.lm_coef):
+    if (world_size > 1 or deepspeed is not None) and (cfg.contrastive.coef or cfg.meta.enabled or cfg.lm_coef):
         raise ValueError(REWARD_DATA_PARALLEL_LIMITS)
     missing = [c for c in REQUIRED_COLUMNS if c not in pairs.columns]
     if missing:
@@ -253,6 +276,14 @@ def train_reward_model(
     total_steps = cfg.epochs * n_batches
     optimizer = make_optimizer(model, cfg)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0 - step / total_steps)
+    if deepspeed is not None:
+        # DeepSpeed 0.19.8 broadcasts every parameter viewed as bytes, which a 0-dim one cannot be
+        scalars = [p for p in model.parameters() if p.dim() == 0]
+        for p in scalars:
+            p.data = p.data.reshape(1)
+        deepspeed.state.deepspeed_plugin.deepspeed_config["gradient_clipping"] = cfg.max_grad_norm
+        # the schedule stays ours: accelerate's wrapper would step it once per rank at every step
+        model, optimizer = deepspeed.prepare(model, optimizer)
 
     model.train()
     bar = tqdm(total=total_steps, desc=f"reward seed={seed}", disable=not progress, leave=False)
@@ -265,13 +296,16 @@ def train_reward_model(
             batch_pairs = pairs.iloc[rank_shard(global_rows, rank, world_size)]
             optimizer.zero_grad(set_to_none=True)
             meta = None if groups is None else meta_batch(tokenizer, groups, cfg, meta_rng)
-            if world_size == 1:
-                loss, metrics = step_gradients(model, _pair_batch(tokenizer, batch_pairs, cfg.max_length),
-                                               batch_pairs, cfg, meta)
+            if deepspeed is not None:
+                loss, metrics = deepspeed_step(deepspeed, model, tokenizer, batch_pairs, len(global_rows), cfg)
             else:
-                loss, metrics = shard_gradients(model, tokenizer, batch_pairs, len(global_rows), cfg)
-            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
-            optimizer.step()
+                if world_size == 1:
+                    loss, metrics = step_gradients(model, _pair_batch(tokenizer, batch_pairs, cfg.max_length),
+                                                   batch_pairs, cfg, meta)
+                else:
+                    loss, metrics = shard_gradients(model, tokenizer, batch_pairs, len(global_rows), cfg)
+                torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
+                optimizer.step()
             scheduler.step()
             step += 1
             epoch_loss.append(loss.item())
@@ -282,6 +316,10 @@ def train_reward_model(
             bar.update(1)
             bar.set_postfix(loss=f"{epoch_loss[-1]:.3f}")
     bar.close()
+    if deepspeed is not None:
+        model = deepspeed.unwrap_model(model)
+        for p in scalars:
+            p.data = p.data.reshape(())
     model.eval()
     metrics = {
         "loss": float(np.mean(epoch_loss)),

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import torch
 from accelerate import Accelerator
+from accelerate.utils import InitProcessGroupKwargs
 
 from rlhf_core.artifacts import atomic_write_text
 
@@ -17,9 +18,14 @@ def start_ranks() -> Accelerator:
     """The Accelerator of this rank (CPU when no GPU is present), with torch threads set.
 
     The ranks of one machine share its cores; torch's default would oversubscribe them, so each
-    takes cores / world size threads (RLHF_TORCH_THREADS overrides).
+    takes cores / world size threads (RLHF_TORCH_THREADS overrides). RLHF_DIST_BACKEND (set by the
+    launcher for DeepSpeed without a GPU) names the process group's backend.
     """
-    accelerator = Accelerator(cpu=not torch.cuda.is_available())
+    backend = os.environ.get("RLHF_DIST_BACKEND")
+    if backend:  # DeepSpeed on CPU: it cannot take cpu=True, and without gloo its batch-size check fails
+        accelerator = Accelerator(kwargs_handlers=[InitProcessGroupKwargs(backend=backend)])
+    else:
+        accelerator = Accelerator(cpu=not torch.cuda.is_available())
     threads = int(os.environ.get("RLHF_TORCH_THREADS", "0")) or max(1, (os.cpu_count() or 1)
                                                                    // accelerator.num_processes)
     torch.set_num_threads(threads)

@@ -5,7 +5,9 @@
         -m rlhf_core.workers.train_reward --init-dir POLICY --pairs PARQUET --config TRAIN.json --seed N --out DIR
 
 Every rank runs `train_reward_model` with its rank and the world size: the same global batches as one
-process, gradients summed over ranks, so every rank ends with the same weights. Only the main process
+process, gradients summed over ranks, so every rank ends with the same weights. Launched with a DeepSpeed
+config (`accelerate launch --use_deepspeed --deepspeed_config_file infra/deepspeed/zero2.json ...`), the
+step goes through DeepSpeed's engine (ZeRO: optimizer state and gradients partitioned over the ranks). Only the main process
 writes DIR (the model, metrics.json) and then DIR/world_size.txt once all ranks are done. A plain
 `python -m rlhf_core.workers.train_reward ...` runs as one rank.
 """
@@ -17,6 +19,7 @@ import json
 from pathlib import Path
 
 import pandas as pd
+from accelerate.utils import DistributedType
 
 from rlhf_core.artifacts import atomic_write_text
 from rlhf_core.config import RewardTrainConfig
@@ -37,9 +40,10 @@ def main(argv: list[str] | None = None) -> None:
     accelerator = start_ranks()
     cfg = RewardTrainConfig.model_validate_json(Path(args.config).read_text())
     pairs = pd.read_parquet(args.pairs)
+    deepspeed = accelerator if accelerator.distributed_type == DistributedType.DEEPSPEED else None
     model, tokenizer, metrics = train_reward_model(
         args.init_dir, pairs, cfg, args.seed, progress=args.progress and accelerator.is_main_process,
-        rank=accelerator.process_index, world_size=accelerator.num_processes)
+        rank=accelerator.process_index, world_size=accelerator.num_processes, deepspeed=deepspeed)
     print(f"rank {accelerator.process_index}/{accelerator.num_processes} trained {metrics['steps']} steps, "
           f"loss {metrics['loss']:.4f}", flush=True)
     if accelerator.is_main_process:
