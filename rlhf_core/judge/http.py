@@ -46,6 +46,7 @@ class HTTPJudge(LLMJudge):
 
     def close(self) -> None:
         self._client.close()
+        super().close()
 
     @property
     def cost_usd(self) -> float:

@@ -58,6 +58,10 @@ class LLMJudge:
             self.cache.put(key, judgement)
         return judgement
 
+    def close(self) -> None:
+        if self.cache is not None:
+            self.cache.close()
+
     def compare(self, prompt: str, first: str, second: str) -> tuple[str, str]:
         judgement = self.judgement(prompt, first, second)
         return judgement.outcome, judgement.rationale
