@@ -123,3 +123,23 @@ Root Cause (first observed failure):
 """
     assert failed_rank(summary) == (1, 3)
     assert failed_rank("Killed") is None
+
+
+def test_a_prefect_task_timeout_stops_the_group(prefect_api, tmp_path):
+    """The timeout arrives as an exception in the task's thread (SIGALRM on the main thread)."""
+    from prefect import flow, task
+
+    log = tmp_path / "worker.log"
+
+    @task(timeout_seconds=15)
+    def launch():
+        run_worker(PROBE, STUCK, 2, log, grace_seconds=1.0)
+
+    @flow
+    def stage():
+        launch()
+
+    with pytest.raises(TimeoutError, match="timed out"):  # Prefect's TaskRunTimeoutError
+        stage()
+    pids = group_pids(log.read_text())
+    assert len(pids) == 3 and not [pid for pid in pids if alive(pid)]
