@@ -306,11 +306,13 @@ class RewardTrainConfig(StrictModel):
     """Reward-model training: a backbone with a scalar head read at the end token (and, by default, the
     response's log-likelihood under the backbone's own LM head; see rlhf_core/reward/model.py)."""
 
-    read: Literal["end_token", "end_token+logprob"] = Field(
+    read: Literal["end_token", "end_token+logprob", "end_token+weighted_logprob"] = Field(
         "end_token+logprob",
-        description="end_token: r = w . h_eos (a plain *ForSequenceClassification); end_token+logprob: plus a "
-        "learned weight times the sum of the response's token log-probs under the backbone's tied LM head, "
-        "which lets a small backbone reuse what it predicts at the answer slot (docs/reward-modelling.md)",
+        description="end_token: r = w . h_eos (a plain *ForSequenceClassification; an encoder's pooled [CLS]); "
+        "end_token+logprob: plus a learned weight times the sum of the response's token log-probs under the "
+        "backbone's tied LM head, which lets a small backbone reuse what it predicts at the answer slot; "
+        "end_token+weighted_logprob: each token's log-prob weighted by a + u . h (learned, u from 0), so the "
+        "tokens that carry correctness can count more (docs/reward-modelling.md)",
     )
     epochs: int = Field(2, ge=1)
     batch_size: int = Field(16, ge=1)

@@ -164,10 +164,43 @@ def test_logprob_read_adds_the_response_log_likelihood_under_the_tied_lm_head(in
         RewardModel(untied, "end_token+logprob")
 
 
+def test_weighted_logprob_read_weights_each_response_token_by_a_plus_u_dot_h(init_dir):
+    """r = w . h_eos + sum_t (a + u . h_{t-1} + b) log p(y_t | ..), h the trunk's (normed) last hidden state."""
+    tok = models.build_tokenizer()
+    rm = RewardModel.from_policy(init_dir, seed=3, read="end_token+weighted_logprob")
+    u = torch.linspace(-0.05, 0.05, rm.config.hidden_size)
+    with torch.no_grad():
+        rm.logprob_weight.fill_(0.7)
+        rm.token_weight.weight[0] = u
+        rm.token_weight.bias.fill_(0.2)
+    end_only = RewardModel(rm.classifier, "end_token")
+    prompts, responses = ["say hi", "x"], [" hello", " a b c d"]
+    batch = encode(tok, prompts, responses, 64)
+    policy = models.load_policy(init_dir).eval()
+    expected = []
+    for p, r in zip(prompts, responses):
+        query = tok(models.format_query(tok, p), add_special_tokens=False)["input_ids"]
+        answer = tok(r, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+        with torch.no_grad():
+            out = policy(torch.tensor([query + answer]), output_hidden_states=True)
+        logp, h = torch.log_softmax(out.logits[0, :-1], -1), out.hidden_states[-1][0]  # (T-1, V), (T, H)
+        expected.append(sum((0.7 + u @ h[len(query) - 1 + j] + 0.2).item() * logp[len(query) - 1 + j, t].item()
+                            for j, t in enumerate(answer)))
+    with torch.no_grad():
+        full, end = rm(**batch), end_only(**batch)
+    torch.testing.assert_close(full - end, torch.tensor(expected), atol=1e-4, rtol=1e-4)
+    with torch.no_grad():  # u = b = 0 is the plain read
+        rm.token_weight.weight.zero_()
+        rm.token_weight.bias.zero_()
+        plain = RewardModel(rm.classifier, "end_token+logprob")
+        plain.logprob_weight.fill_(0.7)
+        torch.testing.assert_close(rm(**batch), plain(**batch), atol=1e-5, rtol=1e-5)
+
+
 # ---------------------------------------------------------------- training
 
 
-@pytest.mark.parametrize("read", ["end_token", "end_token+logprob"])
+@pytest.mark.parametrize("read", ["end_token", "end_token+logprob", "end_token+weighted_logprob"])
 def test_reward_model_learns_a_separable_task_and_reloads(init_dir, tmp_path, read):
     pairs = make_pairs(96, seed=1)
     cfg = FAST.model_copy(update={"read": read})
@@ -177,8 +210,10 @@ def test_reward_model_learns_a_separable_task_and_reloads(init_dir, tmp_path, re
         assert pairwise_accuracy(model, tok, pairs, FAST.max_length) >= 0.9  # the head alone learns the task
         assert pairwise_accuracy(model, tok, make_pairs(64, seed=2), FAST.max_length) >= 0.9  # held out
         assert metrics["logprob_weight"] == 1.0  # unused and not trained
-    else:
+    elif read == "end_token+logprob":
         assert metrics["logprob_weight"] < 1.0  # learned: the weight of a useless term shrinks
+    else:
+        assert model.token_weight.weight.abs().sum() > 0  # the per-token weights moved from 0
 
     model.save(tmp_path / "rm", tok)
     AutoModelForSequenceClassification.from_pretrained(str(tmp_path / "rm"))  # plain transformers loads it
@@ -297,6 +332,24 @@ def test_fast_mode_votes_with_heads_over_one_trunk(init_dir):
     assert negative[swapped].mean() >= 0.75 and negative[~swapped].mean() <= 0.1
     with pytest.raises(ValueError, match="in_sample"):
         vote(init_dir, pairs, VotingConfig(n_models=2, mode="fast", scheme="out_of_fold"), seed=0)
+
+
+def test_fast_mode_weighted_read_starts_as_the_plain_read_and_trains_per_head_token_weights(init_dir):
+    from rlhf_core.reward.train import _pair_batch
+    from rlhf_core.reward.voting import SharedTrunkVoters
+
+    pairs = make_pairs(8, seed=6)
+    batch = _pair_batch(models.build_tokenizer(), pairs, 64)
+    weighted = SharedTrunkVoters(RewardModel.from_policy(init_dir, 0, "end_token+weighted_logprob"), 3)
+    plain = SharedTrunkVoters(RewardModel.from_policy(init_dir, 0, "end_token+logprob"), 3)
+    plain.heads.load_state_dict(weighted.heads.state_dict())
+    with torch.no_grad():
+        torch.testing.assert_close(weighted(batch), plain(batch), atol=1e-5, rtol=1e-5)  # u = b = 0 at the start
+    cfg = VotingConfig(n_models=3, mode="fast", train=RewardTrainConfig(read="end_token+weighted_logprob", epochs=1,
+                                                                       batch_size=8, lr=3e-3, max_length=64))
+    votes, _ = vote(init_dir, make_pairs(32, seed=7), cfg, seed=0)
+    diffs = np.array(votes["diffs"].tolist())
+    assert diffs.shape == (32, 3) and (diffs.std(axis=1) > 0).all()
 
 
 # ---------------------------------------------------------------- denoising

@@ -3,12 +3,17 @@ log-likelihood of the response under the backbone's own LM head.
 
     r(x, y) = w . h_end                                                  read = "end_token"
     r(x, y) = w . h_end + a * sum_{t in y + eos} log p_theta(y_t | x, y_<t)   read = "end_token+logprob"
+    r(x, y) = w . h_end + sum_{t in y + eos} (a + u . h_{t-1} + b) log p_theta(y_t | x, y_<t)
+                                                                      read = "end_token+weighted_logprob"
 
 h_end is the last hidden state at the appended eos of a decoder; on an encoder (BERT family:
 all-MiniLM-L6-v2, ...) it is the pooled [CLS], [CLS] query [SEP] response [SEP], which is what its
 `*ForSequenceClassification` reads, and only the "end_token" read applies. p_theta is the softmax of the hidden states
 times the (tied) input embeddings, i.e. the LM head the backbone was trained with; `a` is a
-learned scalar starting at 1. Both terms come from one forward pass of the same trunk.
+learned scalar starting at 1. Both terms come from one forward pass of the same trunk. The weighted
+read adds a learned per-token weight u . h_{t-1} + b (from the state that predicts token t; u, b start
+at 0, i.e. at the plain read), so the model can count the tokens that carry correctness (the answer)
+more than those that carry only wording (measured in docs/reward-modelling.md, section 1).
 
 Why the second term: a policy's knowledge of what the right answer is sits in its next-token
 prediction at the answer slot. The end-token head of a small backbone cannot reuse it (measured
@@ -34,8 +39,8 @@ from transformers import AutoModelForSequenceClassification, PreTrainedTokenizer
 
 from rlhf_core.models import classification_head, format_query, reward_model_from_policy, save_hf
 
-Read = Literal["end_token", "end_token+logprob"]
-READS: tuple[str, ...] = ("end_token", "end_token+logprob")
+Read = Literal["end_token", "end_token+logprob", "end_token+weighted_logprob"]
+READS: tuple[str, ...] = ("end_token", "end_token+logprob", "end_token+weighted_logprob")
 CONFIG_KEY = "rlhf_reward"  # the entry of config.json that holds the read and the weight
 
 
@@ -123,16 +128,21 @@ class RewardModel(nn.Module):
         if read not in READS:
             raise ValueError(f"unknown reward read {read!r}; known: {READS}")
         self.classifier = classifier
-        if read == "end_token+logprob" and self.is_encoder():
-            raise ValueError(f"reward read 'end_token+logprob' needs a decoder's LM head; {type(classifier).__name__} is "
+        if read != "end_token" and self.is_encoder():
+            raise ValueError(f"reward read {read!r} needs a decoder's LM head; {type(classifier).__name__} is "
                              "an encoder: use read 'end_token' (the pooled [CLS])")
-        if read == "end_token+logprob" and not getattr(classifier.config, "tie_word_embeddings", False):
+        if read != "end_token" and not getattr(classifier.config, "tie_word_embeddings", False):
             raise ValueError(
-                "reward read 'end_token+logprob' needs a backbone whose LM head is its input embedding "
+                f"reward read {read!r} needs a backbone whose LM head is its input embedding "
                 "(tie_word_embeddings=true); this one has a separate lm_head: use read 'end_token'"
             )
         self.read = read
         self.logprob_weight = nn.Parameter(torch.tensor(float(logprob_weight)), requires_grad=read != "end_token")
+        self.token_weight = None  # the weighted read's u . h + b; zero at the start = the plain read
+        if read == "end_token+weighted_logprob":
+            self.token_weight = nn.Linear(classifier.config.hidden_size, 1)
+            nn.init.zeros_(self.token_weight.weight)
+            nn.init.zeros_(self.token_weight.bias)
 
     @property
     def config(self):
@@ -159,10 +169,13 @@ class RewardModel(nn.Module):
         (voting's shared-trunk mode reads several heads off one pass)."""
         head = self.head() if head is None else head
         rewards = head(self.end_hidden(hidden, batch)).squeeze(-1)  # (N,)
-        if self.read == "end_token+logprob":
-            weight = self.logprob_weight if logprob_weight is None else logprob_weight
-            rewards = rewards + weight * self.response_logprob(hidden, batch)
-        return rewards
+        if self.read == "end_token":
+            return rewards
+        weight = self.logprob_weight if logprob_weight is None else logprob_weight
+        if self.token_weight is None:
+            return rewards + weight * self.response_logprob(hidden, batch)
+        per_token = weight + self.token_weight(hidden[:, :-1]).squeeze(-1)  # (N, T-1): a + u . h_{t-1} + b
+        return rewards + (per_token * self.response_token_logprob(hidden, batch)).sum(dim=1)
 
     def end_hidden(self, hidden: torch.Tensor, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """(N, H) what the head reads: the hidden state at each sequence's eos (right padding), or an
@@ -184,12 +197,16 @@ class RewardModel(nn.Module):
 
     def response_logprob(self, hidden: torch.Tensor, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """(N,) sum over response tokens and eos of log p(token | everything before), LM head = embeddings."""
+        return self.response_token_logprob(hidden, batch).sum(dim=1)
+
+    def response_token_logprob(self, hidden: torch.Tensor, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """(N, T-1) log p(token t+1 | ..t) on response tokens and eos, 0 elsewhere."""
         embeddings = self.trunk().get_input_embeddings().weight  # (V, H)
         logits = hidden[:, :-1] @ embeddings.T  # (N, T-1, V): position t predicts token t+1
         logp = torch.log_softmax(logits.float(), dim=-1)
         targets = batch["input_ids"][:, 1:]  # (N, T-1)
         token_logp = logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1)  # (N, T-1)
-        return (token_logp * batch["response_mask"][:, 1:]).sum(dim=1)
+        return token_logp * batch["response_mask"][:, 1:]
 
     def forward(self, input_ids, attention_mask, response_mask) -> torch.Tensor:
         batch = {"input_ids": input_ids, "attention_mask": attention_mask, "response_mask": response_mask}
@@ -203,16 +220,25 @@ class RewardModel(nn.Module):
         return cls(reward_model_from_policy(policy_path, seed), read)
 
     def save(self, out_dir: str | Path, tokenizer: PreTrainedTokenizerBase) -> None:
-        """A `*ForSequenceClassification` directory whose config also holds the read and the weight."""
-        setattr(self.classifier.config, CONFIG_KEY, {"read": self.read,
-                                                     "logprob_weight": float(self.logprob_weight.item())})
+        """A `*ForSequenceClassification` directory whose config also holds the read and its weights
+        (the weighted read's u and b too: H + 1 numbers)."""
+        spec = {"read": self.read, "logprob_weight": float(self.logprob_weight.item())}
+        if self.token_weight is not None:
+            spec["token_weight"] = self.token_weight.weight[0].tolist()
+            spec["token_bias"] = float(self.token_weight.bias.item())
+        setattr(self.classifier.config, CONFIG_KEY, spec)
         save_hf(self.classifier, tokenizer, out_dir)
 
     @classmethod
     def load(cls, path: str | Path) -> RewardModel:
         classifier = AutoModelForSequenceClassification.from_pretrained(str(path), dtype=torch.float32)
         spec = getattr(classifier.config, CONFIG_KEY, None) or {"read": "end_token", "logprob_weight": 1.0}
-        return cls(classifier, spec["read"], spec["logprob_weight"]).eval()
+        model = cls(classifier, spec["read"], spec["logprob_weight"])
+        if model.token_weight is not None:
+            with torch.no_grad():
+                model.token_weight.weight[0] = torch.tensor(spec["token_weight"])
+                model.token_weight.bias.fill_(spec["token_bias"])
+        return model.eval()
 
 
 def forward_rewards(model: RewardModel, batch: dict[str, torch.Tensor]) -> torch.Tensor:

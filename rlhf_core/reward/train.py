@@ -46,6 +46,8 @@ def make_optimizer(model: RewardModel, cfg: RewardTrainConfig) -> torch.optim.Op
     the head starts from noise and must move fast.
     """
     head = list(model.head().parameters()) + ([model.logprob_weight] if model.logprob_weight.requires_grad else [])
+    if model.token_weight is not None:
+        head += list(model.token_weight.parameters())
     head_ids = {id(p) for p in head}
     trunk = [p for p in model.parameters() if p.requires_grad and id(p) not in head_ids]
     return torch.optim.AdamW(

@@ -233,7 +233,8 @@ def _vote_metrics(diffs: np.ndarray, cfg: VotingConfig, train_acc: list[float], 
 
 
 class SharedTrunkVoters(nn.Module):
-    """M heads and M log-likelihood weights over one reward-model trunk (voting's fast mode)."""
+    """M heads and M log-likelihood weights (and, with the weighted read, M per-token weights) over one
+    reward-model trunk (voting's fast mode)."""
 
     def __init__(self, base: RewardModel, n_heads: int):
         super().__init__()
@@ -243,15 +244,23 @@ class SharedTrunkVoters(nn.Module):
         for head in self.heads:
             nn.init.normal_(head.weight, std=1.0 / (hidden + 1) ** 0.5)
         self.logprob_weights = nn.Parameter(torch.ones(n_heads), requires_grad=base.read != "end_token")
+        self.token_weights = None  # the weighted read's u_m . h + b_m per head, zero at the start
+        if base.token_weight is not None:
+            self.token_weights = nn.Linear(hidden, n_heads)
+            nn.init.zeros_(self.token_weights.weight)
+            nn.init.zeros_(self.token_weights.bias)
 
     def forward(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """(N, M) rewards of every head, from one pass of the trunk."""
         hidden = self.base.hidden_states(batch["input_ids"], batch["attention_mask"])  # (N, T, H)
         end = self.base.end_hidden(hidden, batch)  # (N, H)
         rewards = torch.cat([head(end) for head in self.heads], dim=1)  # (N, M)
-        if self.base.read == "end_token+logprob":
-            rewards = rewards + self.logprob_weights[None, :] * self.base.response_logprob(hidden, batch)[:, None]
-        return rewards
+        if self.base.read == "end_token":
+            return rewards
+        if self.token_weights is None:
+            return rewards + self.logprob_weights[None, :] * self.base.response_logprob(hidden, batch)[:, None]
+        per_token = self.logprob_weights[None, None, :] + self.token_weights(hidden[:, :-1])  # (N, T-1, M)
+        return rewards + (per_token * self.base.response_token_logprob(hidden, batch)[..., None]).sum(dim=1)
 
 
 def shared_trunk_diffs(init_dir, pairs: pd.DataFrame, cfg: VotingConfig, seed: int, progress: bool = False
@@ -265,6 +274,8 @@ def shared_trunk_diffs(init_dir, pairs: pd.DataFrame, cfg: VotingConfig, seed: i
     weights = torch.tensor(rng.poisson(1.0, size=(len(pairs), cfg.n_models)), dtype=torch.float32)  # (N, M)
     head_params = list(voters.heads.parameters()) + ([voters.logprob_weights] if voters.logprob_weights.requires_grad
                                                      else [])
+    if voters.token_weights is not None:
+        head_params += list(voters.token_weights.parameters())
     trunk_params = [p for p in voters.base.classifier.base_model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW([{"params": trunk_params, "lr": tcfg.lr},
                                    {"params": head_params, "lr": tcfg.head_lr or tcfg.lr}],
