@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# GPU smoke test of the stages that run as worker groups (generate, vote, reward): the round up to the
+# reward model on SmolLM2-135M-Instruct (configs/smollm2.yaml) with 1 GPU, with N GPUs, and with N GPUs
+# and DeepSpeed ZeRO-2 for the reward model. Each run has its own workdir (num_processes is kept out of
+# the cache key, so a shared workdir would serve the second run from the cache). Not run in the tests:
+# they have no GPU. See docs/workers.md.
+#
+#   bash infra/gpu-smoke.sh [N]     # N: GPUs for the multi-GPU runs, default: every GPU nvidia-smi lists
+#
+# Needs the converted model once: .venv/bin/rlhf convert-gguf --out rlhf-runs/models/smollm2-135m-instruct
+set -euo pipefail
+cd "$(dirname "$0")/.."
+N=${1:-$(nvidia-smi -L | wc -l)}
+OUT=${OUT:-rlhf-runs/gpu-smoke}
+mkdir -p "$OUT"
+
+run() {  # run LABEL NUM_PROCESSES [--set KEY=VALUE ...]
+    local label=$1 n=$2 start
+    shift 2
+    start=$(date +%s)
+    if ! .venv/bin/rlhf stage reward --config configs/smollm2.yaml --set "workdir=$OUT/$label" \
+            --set voting.mode=faithful --set "generation.num_processes=$n" --set "voting.num_processes=$n" \
+            --set "reward.num_processes=$n" "$@" > "$OUT/$label.log" 2>&1; then
+        echo "$label: FAILED, last lines of $OUT/$label.log:"
+        tail -n 30 "$OUT/$label.log"
+        exit 1
+    fi
+    echo "$label: $(( $(date +%s) - start )) s, log $OUT/$label.log"
+}
+
+run "gpus-1" 1
+run "gpus-$N" "$N"
+run "gpus-$N-zero2" "$N" --set reward.deepspeed=zero2
+echo "Compare the runs' reward/gold_accuracy_heldout and world_size in MLflow (or the logs): equal world sizes"
+echo "to N and close accuracies say the worker groups ran data parallel."
