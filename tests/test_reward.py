@@ -137,27 +137,34 @@ def test_label_smoothing_and_imitation_loss_on_hand_numbers():
     assert imitation_loss(torch.tensor([-1.0, -2.0]), torch.tensor([2, 3])).item() == pytest.approx(0.6)
 
 
+PROMPTS, RESPONSES = ["say hi", "x"], [" hello", " a b c d"]
+
+
+def _logprob_term_by_hand(init_dir, token_weight) -> torch.Tensor:
+    """(2,) sum over response tokens + eos of token_weight(h) * log p(token | ..), from the causal LM with the
+    reward model's weights run on each (prompt, response) alone; h is the state that predicts the token."""
+    tok, policy = models.build_tokenizer(), models.load_policy(init_dir).eval()
+    expected = []
+    for p, r in zip(PROMPTS, RESPONSES):
+        query = tok(models.format_query(tok, p), add_special_tokens=False)["input_ids"]
+        answer = tok(r, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+        with torch.no_grad():
+            out = policy(torch.tensor([query + answer]), output_hidden_states=True)
+        logp, h = torch.log_softmax(out.logits[0, :-1], -1), out.hidden_states[-1][0]  # (T-1, V), (T, H)
+        expected.append(sum(float(token_weight(h[len(query) - 1 + j])) * logp[len(query) - 1 + j, t].item()
+                            for j, t in enumerate(answer)))
+    return torch.tensor(expected)
+
+
 def test_logprob_read_adds_the_response_log_likelihood_under_the_tied_lm_head(init_dir):
     """r = w . h_eos + a * sum log p(response tokens + eos), p from the causal LM with the same weights."""
-    tok = models.build_tokenizer()
     rm = RewardModel.from_policy(init_dir, seed=3, read="end_token+logprob")
     with torch.no_grad():
         rm.logprob_weight.fill_(0.7)
-    end_only = RewardModel(rm.classifier, "end_token")
-    prompts, responses = ["say hi", "x"], [" hello", " a b c d"]
-    batch = encode(tok, prompts, responses, 64)
-    policy = models.load_policy(init_dir).eval()
-    expected = []
-    for p, r in zip(prompts, responses):
-        query = tok(models.format_query(tok, p), add_special_tokens=False)["input_ids"]
-        answer = tok(r, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
-        ids = torch.tensor([query + answer])
-        with torch.no_grad():
-            logp = torch.log_softmax(policy(ids).logits[0, :-1], -1)  # (T-1, V)
-        expected.append(sum(logp[len(query) - 1 + j, t].item() for j, t in enumerate(answer)))
+    batch = encode(models.build_tokenizer(), PROMPTS, RESPONSES, 64)
     with torch.no_grad():
-        full, end = rm(**batch), end_only(**batch)
-    torch.testing.assert_close(full - end, 0.7 * torch.tensor(expected), atol=1e-4, rtol=1e-4)
+        full, end = rm(**batch), RewardModel(rm.classifier, "end_token")(**batch)
+    torch.testing.assert_close(full - end, _logprob_term_by_hand(init_dir, lambda h: 0.7), atol=1e-4, rtol=1e-4)
     with pytest.raises(ValueError, match="tie_word_embeddings"):
         untied = AutoModelForSequenceClassification.from_pretrained(str(init_dir), num_labels=1)
         untied.config.tie_word_embeddings = False
@@ -166,29 +173,17 @@ def test_logprob_read_adds_the_response_log_likelihood_under_the_tied_lm_head(in
 
 def test_weighted_logprob_read_weights_each_response_token_by_a_plus_u_dot_h(init_dir):
     """r = w . h_eos + sum_t (a + u . h_{t-1} + b) log p(y_t | ..), h the trunk's (normed) last hidden state."""
-    tok = models.build_tokenizer()
     rm = RewardModel.from_policy(init_dir, seed=3, read="end_token+weighted_logprob")
     u = torch.linspace(-0.05, 0.05, rm.config.hidden_size)
     with torch.no_grad():
         rm.logprob_weight.fill_(0.7)
         rm.token_weight.weight[0] = u
         rm.token_weight.bias.fill_(0.2)
-    end_only = RewardModel(rm.classifier, "end_token")
-    prompts, responses = ["say hi", "x"], [" hello", " a b c d"]
-    batch = encode(tok, prompts, responses, 64)
-    policy = models.load_policy(init_dir).eval()
-    expected = []
-    for p, r in zip(prompts, responses):
-        query = tok(models.format_query(tok, p), add_special_tokens=False)["input_ids"]
-        answer = tok(r, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
-        with torch.no_grad():
-            out = policy(torch.tensor([query + answer]), output_hidden_states=True)
-        logp, h = torch.log_softmax(out.logits[0, :-1], -1), out.hidden_states[-1][0]  # (T-1, V), (T, H)
-        expected.append(sum((0.7 + u @ h[len(query) - 1 + j] + 0.2).item() * logp[len(query) - 1 + j, t].item()
-                            for j, t in enumerate(answer)))
+    batch = encode(models.build_tokenizer(), PROMPTS, RESPONSES, 64)
     with torch.no_grad():
-        full, end = rm(**batch), end_only(**batch)
-    torch.testing.assert_close(full - end, torch.tensor(expected), atol=1e-4, rtol=1e-4)
+        full, end = rm(**batch), RewardModel(rm.classifier, "end_token")(**batch)
+    expected = _logprob_term_by_hand(init_dir, lambda h: 0.7 + u @ h + 0.2)
+    torch.testing.assert_close(full - end, expected, atol=1e-4, rtol=1e-4)
     with torch.no_grad():  # u = b = 0 is the plain read
         rm.token_weight.weight.zero_()
         rm.token_weight.bias.zero_()
