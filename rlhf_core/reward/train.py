@@ -27,16 +27,18 @@ from rlhf_core.reward.model import RewardModel, encode, score_texts
 REQUIRED_COLUMNS = ("prompt", "chosen", "rejected")
 
 
-def _pair_batch(tokenizer, pairs: pd.DataFrame, max_length: int) -> dict[str, torch.Tensor]:
+def _pair_batch(tokenizer, pairs: pd.DataFrame, max_length: int, device: torch.device | None = None
+                ) -> dict[str, torch.Tensor]:
     """Chosen then rejected in one batch: rows [0, B) are chosen, rows [B, 2B) rejected. (2B, T)"""
     prompts = pairs["prompt"].tolist()
-    return encode(tokenizer, prompts + prompts, pairs["chosen"].tolist() + pairs["rejected"].tolist(), max_length)
+    batch = encode(tokenizer, prompts + prompts, pairs["chosen"].tolist() + pairs["rejected"].tolist(), max_length)
+    return batch if device is None else {k: v.to(device) for k, v in batch.items()}
 
 
-def _optional_column(pairs: pd.DataFrame, name: str) -> torch.Tensor | None:
+def _optional_column(pairs: pd.DataFrame, name: str, device: torch.device | None = None) -> torch.Tensor | None:
     if name not in pairs.columns:
         return None
-    return torch.tensor(pairs[name].to_numpy(dtype=np.float32))  # (B,)
+    return torch.tensor(pairs[name].to_numpy(dtype=np.float32), device=device)  # (B,)
 
 
 def make_optimizer(model: RewardModel, cfg: RewardTrainConfig) -> torch.optim.Optimizer:
@@ -69,10 +71,11 @@ def pair_loss(model: RewardModel, batch: dict[str, torch.Tensor], pairs: pd.Data
     B = len(pairs)
     hidden = model.hidden_states(batch["input_ids"], batch["attention_mask"])  # (2B, T, H)
     rewards = model.rewards_from_hidden(hidden, batch)  # (2B,)
-    soft = _optional_column(pairs, "soft_label")
+    device = rewards.device
+    soft = _optional_column(pairs, "soft_label", device)
     if cfg.label_smoothing:
-        soft = smooth_labels(torch.ones(B) if soft is None else soft, cfg.label_smoothing)
-    loss, metrics = preference_loss(rewards[:B], rewards[B:], margin=_optional_column(pairs, "margin"),
+        soft = smooth_labels(torch.ones(B, device=device) if soft is None else soft, cfg.label_smoothing)
+    loss, metrics = preference_loss(rewards[:B], rewards[B:], margin=_optional_column(pairs, "margin", device),
                                     soft_label=soft)
     if cfg.lm_coef:
         chosen = {k: v[:B] for k, v in batch.items()}
@@ -170,11 +173,14 @@ def shard_loss(model: RewardModel, tokenizer, shard: pd.DataFrame, global_size: 
     Each rank's loss, a mean over its n pairs, is weighted n / global_size, so the sum over ranks is the
     mean over the global batch whatever the shard sizes.
     """
+    device = next(model.parameters()).device
     if not len(shard):  # a last batch smaller than the world: nothing from this rank, but it joins the sums
-        return sum(p.sum() for p in model.parameters() if p.requires_grad) * 0.0, torch.zeros(2, dtype=torch.float64)
-    loss, metrics = pair_loss(model, _pair_batch(tokenizer, shard, cfg.max_length), shard, cfg)
+        zero = sum(p.sum() for p in model.parameters() if p.requires_grad) * 0.0
+        return zero, torch.zeros(2, dtype=torch.float64, device=device)
+    loss, metrics = pair_loss(model, _pair_batch(tokenizer, shard, cfg.max_length, device), shard, cfg)
     weight = len(shard) / global_size
-    return weight * loss, torch.tensor([weight * loss.item(), weight * metrics["accuracy"]], dtype=torch.float64)
+    totals = torch.tensor([weight * loss.item(), weight * metrics["accuracy"]], dtype=torch.float64, device=device)
+    return weight * loss, totals
 
 
 def shard_gradients(model: RewardModel, tokenizer, shard: pd.DataFrame, global_size: int, cfg: RewardTrainConfig
@@ -227,6 +233,7 @@ def train_reward_model(
     rank: int = 0,
     world_size: int = 1,
     deepspeed=None,
+    device: torch.device | None = None,
 ) -> tuple[RewardModel, PreTrainedTokenizerBase, dict[str, float]]:
     """Train a reward model initialised from the policy in `init_dir` on `pairs`.
 
@@ -245,6 +252,7 @@ def train_reward_model(
     there (REWARD_DATA_PARALLEL_LIMITS; RewardConfig checks it first). `deepspeed`: the worker's
     Accelerator when launched with a DeepSpeed config (ZeRO); the model and optimizer then go through its
     prepare, and its engine takes the backward, the gradient average, the clipping and the optimizer step.
+    `device`: where the model and batches live (a worker rank's GPU); None = where the model loads (CPU).
 
     Returns (model in eval mode, tokenizer, metrics): loss and accuracy are means over the last
     epoch's batches (as trained, not re-scored); contrastive_loss / meta_difference when on;
@@ -259,6 +267,8 @@ def train_reward_model(
         raise ValueError("no pairs to train on")
     t0 = time.perf_counter()
     model = RewardModel.from_policy(init_dir, seed, cfg.read)  # seeds torch, then draws the head
+    if device is not None:
+        model.to(device)
     tokenizer = models.load_tokenizer(init_dir)
     if cfg.contrastive.coef:
         dropout_modules = [m for m in model.modules() if isinstance(m, torch.nn.Dropout) and m.p > 0]
@@ -302,8 +312,8 @@ def train_reward_model(
                 loss, metrics = deepspeed_step(deepspeed, model, tokenizer, batch_pairs, len(global_rows), cfg)
             else:
                 if world_size == 1:
-                    loss, metrics = step_gradients(model, _pair_batch(tokenizer, batch_pairs, cfg.max_length),
-                                                   batch_pairs, cfg, meta)
+                    loss, metrics = step_gradients(model, _pair_batch(tokenizer, batch_pairs, cfg.max_length,
+                                                                      device), batch_pairs, cfg, meta)
                 else:
                     loss, metrics = shard_gradients(model, tokenizer, batch_pairs, len(global_rows), cfg)
                 torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)

@@ -43,7 +43,8 @@ def main(argv: list[str] | None = None) -> None:
     deepspeed = accelerator if accelerator.distributed_type == DistributedType.DEEPSPEED else None
     model, tokenizer, metrics = train_reward_model(
         args.init_dir, pairs, cfg, args.seed, progress=args.progress and accelerator.is_main_process,
-        rank=accelerator.process_index, world_size=accelerator.num_processes, deepspeed=deepspeed)
+        rank=accelerator.process_index, world_size=accelerator.num_processes, deepspeed=deepspeed,
+        device=accelerator.device)
     print(f"rank {accelerator.process_index}/{accelerator.num_processes} trained {metrics['steps']} steps, "
           f"loss {metrics['loss']:.4f}", flush=True)
     if accelerator.is_main_process:
