@@ -149,17 +149,18 @@ def evaluate(ctx: RunContext, cfg: EvalConfig, candidate: ArtifactRef, baseline:
         run.log_figure(verdict_bars_with_intervals({k.split("/")[-1]: v for k, v in metrics.items()
                                                     if k.startswith("judge/")}, f"new policy vs {baseline_name}"),
                        "win_tie_lose.png")
-        metrics = {f"eval/{k}": v for k, v in metrics.items()}
-        _publish_headline(headline(metrics, cfg, baseline_name), ctx.round_name, baseline_name)
-        return metrics
+        return {f"eval/{k}": v for k, v in metrics.items()}
 
     evaluation = cfg.model_dump()
     execution = {"http": {k: evaluation["http"].pop(k) for k in HTTP_EXECUTION_KEYS}}
     config = {"evaluation": evaluation, "reward_max_length": reward_train.max_length, "seed": seed}
     stage = "evaluate" if baseline_name == "sft" else f"evaluate_vs_{baseline_name}"
-    return run_stage(ctx, stage=stage, version=VERSION, kind="judgements", config=config,
-                     inputs={"candidate": candidate, "baseline": baseline, "reward_model": reward_model,
-                             "world": world}, produce=produce, execution=execution)
+    ref = run_stage(ctx, stage=stage, version=VERSION, kind="judgements", config=config,
+                    inputs={"candidate": candidate, "baseline": baseline, "reward_model": reward_model,
+                            "world": world}, produce=produce, execution=execution)
+    # after the stage, so a cache hit shows the headline on its flow run too
+    _publish_headline(headline(ctx.store.manifest(ref).metrics, cfg, baseline_name), ctx.round_name, baseline_name)
+    return ref
 
 
 def registered_policy(ctx: RunContext, name: str, alias: str) -> ArtifactRef:
