@@ -5,7 +5,8 @@ and for checking a node's launch setup without loading a model.
 
 Each rank prints `rank R pid P ppid Q` at once (Q: the launcher's agent), then sleeps; the rank given by
 --fail-rank exits with --exit-code after its sleep. --ignore-sigterm makes the ranks outlive a SIGTERM
-(a rank stuck in a collective does), so only a SIGKILL stops them. It does not join the process group (no torch import): it starts in a moment.
+(a rank stuck in a collective does), so only a SIGKILL stops them. It does not join the process group
+(no torch import): it starts in a moment.
 """
 
 from __future__ import annotations

@@ -7,9 +7,9 @@
 Every rank runs `train_reward_model` with its rank and the world size: the same global batches as one
 process, gradients summed over ranks, so every rank ends with the same weights. Launched with a DeepSpeed
 config (`accelerate launch --use_deepspeed --deepspeed_config_file infra/deepspeed/zero2.json ...`), the
-step goes through DeepSpeed's engine (ZeRO: optimizer state and gradients partitioned over the ranks). Only the main process
-writes DIR (the model, metrics.json) and then DIR/world_size.txt once all ranks are done. A plain
-`python -m rlhf_core.workers.train_reward ...` runs as one rank.
+step goes through DeepSpeed's engine (ZeRO: optimizer state and gradients partitioned over the ranks).
+Only the main process writes DIR (the model, metrics.json) and then DIR/world_size.txt once all ranks
+are done. A plain `python -m rlhf_core.workers.train_reward ...` runs as one rank.
 """
 
 from __future__ import annotations
