@@ -7,8 +7,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from mlflow import MlflowClient
 
-from rlhf_core.config import RewardConfig, RewardTrainConfig
+from rlhf_core.config import RewardConfig, RewardTrainConfig, load_config
 from rlhf_core.reward.model import RewardModel
 from rlhf_core.reward.train import pair_reward_diffs, rank_shard, train_reward_model
 from tasks.reward import train_on_ranks
@@ -91,3 +92,29 @@ def test_deepspeed_settings_are_checked_at_the_boundary():
         RewardConfig(train=CFG, num_processes=2, deepspeed="zero3")
     with pytest.raises(ValueError, match="reward.train.lm_coef 0"):
         RewardConfig(train=CFG.model_copy(update={"lm_coef": 0.5}), deepspeed="zero2")
+
+
+@pytest.mark.slow  # a whole round up to the reward model (about a minute on 2 cores)
+def test_the_reward_stage_trains_on_two_ranks_and_one_rank_reuses_its_model(prefect_api, tmp_path, worker_env):
+    from flows.round import rlhf_round
+
+    cfg = load_config(ROOT / "configs" / "mini.yaml", overrides=[f"workdir={tmp_path}", "reward.num_processes=2",
+                                                                "reward.compare_baseline=false"])
+    summary = rlhf_round(config=cfg, stop_after="reward")
+    client = MlflowClient(summary["mlflow"]["tracking_uri"])
+    reward = stage_run(client, summary, "reward")
+    assert reward.data.metrics["reward/world_size"] == 2 and reward.data.params["execution.num_processes"] == "2"
+    assert "num_processes" not in " ".join(k for k in reward.data.params if not k.startswith("execution."))
+    # the number of ranks is not part of the cache key: one rank reuses the 2-rank model
+    again = rlhf_round(config=cfg.model_copy(update={"reward": cfg.reward.model_copy(update={"num_processes": 1})}),
+                       stop_after="reward")
+    assert stage_run(client, again, "reward").data.tags["rlhf.cache"] == "hit"
+    assert again["artifacts"]["reward"] == summary["artifacts"]["reward"]
+
+
+def stage_run(client, summary: dict, stage: str):
+    """The MLflow run of one stage under the round's parent run."""
+    parent = summary["mlflow"]["run_id"]
+    runs = client.search_runs([client.get_run(parent).info.experiment_id],
+                              filter_string=f"tags.mlflow.parentRunId = '{parent}'")
+    return next(r for r in runs if r.data.tags["rlhf.stage"] == stage)
