@@ -7,11 +7,14 @@ import os
 import shlex
 import sys
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
 from rich.console import Console
 from rich.table import Table
+
+if TYPE_CHECKING:
+    from rlhf_core.config import RoundConfig
 
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 
@@ -19,22 +22,35 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, help="Prefect-orch
 console = Console()
 
 
+def load_round_config(path: str | Path | None, overrides: list[str] = ()) -> RoundConfig:
+    """The RoundConfig of a YAML file (None: the defaults) with `key=value` overrides, validated, with every
+    file it names present and under the allowed roots.
+
+    The one loader of the CLI and the flows; raises ConfigError, PathNotAllowedError or ImportFormatError
+    (each one line naming the key or the file)."""
+    from rlhf_core.annotation.importer import check_exports
+    from rlhf_core.config import RoundConfig, apply_override, load_config, parse_config
+    from rlhf_core.paths import check_config_paths
+
+    if path is not None:
+        cfg = load_config(path, RoundConfig, overrides)
+    else:
+        data: dict[str, Any] = {}
+        for item in overrides:
+            apply_override(data, item)
+        cfg = parse_config(data, RoundConfig, source="(defaults + --set)")
+    check_config_paths(cfg)  # files the config names: present and under the allowed roots
+    check_exports(cfg.annotation)  # annotation exports: readable as what they claim to be
+    return cfg
+
+
 def _load(config: Optional[Path], overrides: list[str]):
-    from rlhf_core.annotation.importer import ImportFormatError, check_exports
-    from rlhf_core.config import ConfigError, RoundConfig, apply_override, load_config, parse_config
-    from rlhf_core.paths import PathNotAllowedError, check_config_paths
+    from rlhf_core.annotation.importer import ImportFormatError
+    from rlhf_core.config import ConfigError
+    from rlhf_core.paths import PathNotAllowedError
 
     try:
-        if config is not None:
-            cfg = load_config(config, RoundConfig, overrides)
-        else:
-            data: dict = {}
-            for item in overrides:
-                apply_override(data, item)
-            cfg = parse_config(data, RoundConfig, source="(defaults + --set)")
-        check_config_paths(cfg)  # files the config names: present and under the allowed roots
-        check_exports(cfg.annotation)  # annotation exports: readable as what they claim to be
-        return cfg
+        return load_round_config(config, overrides)
     except (ConfigError, PathNotAllowedError, ImportFormatError) as err:
         console.print(f"[red]{err}[/red]", soft_wrap=True)
         raise typer.Exit(2) from None

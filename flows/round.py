@@ -23,10 +23,11 @@ from prefect.states import Crashed
 from prefect.runtime import flow_run
 
 import rlhf_core
+from flows.cli import load_round_config
 from rlhf_core.artifacts import ArtifactRef, ArtifactStore
-from rlhf_core.config import RESOLVED, RoundConfig, config_digest
+from rlhf_core.config import RESOLVED, ConfigError, RoundConfig, config_digest, load_config
 from rlhf_core.annotation.importer import check_exports
-from rlhf_core.paths import check_config_paths
+from rlhf_core.paths import allowed_roots, check_config_paths, resolve_allowed
 from tasks.annotation import collect_annotations, import_annotations
 from tasks.common import RunContext, code_version, lock_workdir
 from tasks.denoise import denoise_pairs
@@ -108,7 +109,7 @@ def crash_killed_flow_runs(workdir: Path) -> int:
     with get_client(sync_client=True) as client:
         for run in client.read_flow_runs(flow_filter=FlowFilter(name=FlowFilterName(any_=["rlhf-round"])),
                                          flow_run_filter=running):
-            run_workdir = (run.parameters.get("config") or {}).get("workdir")
+            run_workdir = _workdir_of(run.parameters)
             if str(run.id) == str(flow_run.id) or run_workdir is None or Path(run_workdir).resolve() != workdir:
                 continue
             client.set_flow_run_state(run.id, Crashed(message=f"left RUNNING by a killed process; closed by the "
@@ -117,13 +118,38 @@ def crash_killed_flow_runs(workdir: Path) -> int:
     return crashed
 
 
+def resolve_round_config(config: RoundConfig, config_path: str | None) -> RoundConfig:
+    """The round's config: the form's `config`, or the YAML file `config_path` (under the allowed roots).
+
+    The UI form always sends `config` (its defaults when untouched), so `config` counts as given when it
+    differs from the default; a changed form together with a config file is refused rather than merged.
+    """
+    if not config_path:
+        return config
+    if config_digest(config) != config_digest(RoundConfig()):
+        raise ConfigError(f"give the round's config either as config_path ({config_path}) or in the form's config, "
+                          "not both: reset the form's config to its defaults, or clear config_path")
+    path = resolve_allowed(config_path, "config_path", allowed_roots())
+    return load_round_config(path)
+
+
+def _workdir_of(parameters: dict[str, Any]) -> str | None:
+    """The workdir of a flow run's parameters: its config file's when it was given one, else its form's."""
+    if path := parameters.get("config_path"):
+        try:
+            return load_config(path).workdir
+        except (ConfigError, OSError):  # the file changed or went since: not a run of this workdir to close
+            return None
+    return (parameters.get("config") or {}).get("workdir", RoundConfig().workdir)
+
+
 StageName = Literal["world", "sft", "sample", "generate", "annotators", "import_annotations", "vote", "denoise",
                     "reward", "ppo", "evaluate"]
 
 
 @flow(name="rlhf-round", version=rlhf_core.__version__, log_prints=True)
 def rlhf_round(config: RoundConfig = RoundConfig(), stop_after: StageName | None = None, round_no: int = 1,
-               start_policy: ArtifactRef | None = None) -> dict[str, Any]:
+               start_policy: ArtifactRef | None = None, config_path: str | None = None) -> dict[str, Any]:
     """One RLHF round on the configured world; returns the summary (also logged to MLflow).
 
     The world, the SFT policy, the reward-model backbone and the ptx data are those of round 1 in
@@ -136,7 +162,10 @@ def rlhf_round(config: RoundConfig = RoundConfig(), stop_after: StageName | None
             ran with the same config. This is how one stage is run.
         round_no: the round's number in an iterated run; round k > 1 samples new prompts (seed + k - 1).
         start_policy: the policy artifact this round improves (the previous round's); empty = the SFT policy.
+        config_path: a YAML config file (relative to the worker's directory, or under RLHF_ALLOWED_ROOTS)
+            used instead of the form's config; leave the form's config at its defaults when you give one.
     """
+    config = resolve_round_config(config, config_path)
     check_config_paths(config)  # every file the config names, before anything is created
     check_exports(config.annotation)  # and every annotation export readable as one
     check_tracking_server(config.tracking_uri or default_tracking_uri(Path(config.workdir).resolve()))
@@ -224,15 +253,18 @@ def summarize_round(ctx: RunContext, outputs: dict[str, ArtifactRef]) -> dict[st
 
 
 @flow(name="rlhf-rounds", version=rlhf_core.__version__, log_prints=True)
-def rlhf_rounds(config: RoundConfig = RoundConfig(), n_rounds: int = 2) -> list[dict[str, Any]]:
+def rlhf_rounds(config: RoundConfig = RoundConfig(), n_rounds: int = 2,
+                config_path: str | None = None) -> list[dict[str, Any]]:
     """Iterated RLHF: each round annotates responses of the previous round's policy and improves it.
 
     Args:
         config: the config of every round (see rlhf-round's `config`).
         n_rounds: how many rounds to run, one after the other.
+        config_path: a YAML config file used instead of the form's config (see rlhf-round's `config_path`).
     """
     if n_rounds < 1:
         raise ValueError(f"n_rounds must be >= 1, got {n_rounds}")
+    config = resolve_round_config(config, config_path)
     summaries: list[dict[str, Any]] = []
     start: ArtifactRef | None = None
     for round_no in range(1, n_rounds + 1):
