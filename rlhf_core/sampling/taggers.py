@@ -2,13 +2,13 @@
 
 InsTag (Lu et al. 2023) and the Qwen report tag every prompt with an LLM, open-set, then
 normalise the tags (`normalize.py`) and select with them (`instag.py`). This module does the
-first step against any OpenAI-compatible `POST {base_url}/chat/completions` endpoint.
+first step against any OpenAI-compatible `POST {base_url}/chat/completions` endpoint, through
+`rlhf_core.chat_completions` (bearer key, timeouts, retries on 429/5xx/connection errors with
+backoff and Retry-After, key scrubbed from errors).
 
 - The API key is read from the environment at call time and never stored, logged, cached or
   put into an exception message.
-- Retries on I/O only: HTTP 429, 5xx, connection errors and timeouts, with exponential backoff
-  (a Retry-After header in seconds is respected, capped). Other 4xx fail at once. An answer
-  with no parsable tags is asked again once (models sometimes ramble), then raises.
+- An answer with no parsable tags is asked again once (models sometimes ramble), then raises.
 - A JSONL cache keyed by sha256(model, system prompt version, prompt) means re-runs pay only
   for prompts not yet tagged; a truncated last line from a killed run is skipped.
 """
@@ -20,10 +20,9 @@ import json
 import os
 import re
 import sys
-import time
 from pathlib import Path
 
-import httpx
+from rlhf_core.chat_completions import ChatCompletionsClient, ChatCompletionsError, MalformedCompletion
 
 PROMPT_VERSION = "instag-v1"  # part of the cache key: change it whenever SYSTEM_PROMPT changes
 SYSTEM_PROMPT = (
@@ -34,7 +33,6 @@ SYSTEM_PROMPT = (
     'Answer with a JSON object only: {"tags": ["tag one", "tag two"]}'
 )
 MAX_TAG_CHARS = 64  # longer "tags" are sentences the model wrote, not tags
-MAX_RETRY_AFTER_S = 30.0  # a server's Retry-After is respected up to this many seconds
 
 _FENCE = re.compile(r"```(?:json)?\s*(.*?)```", re.DOTALL | re.IGNORECASE)
 
@@ -126,31 +124,7 @@ class TaggerError(RuntimeError):
     """The tagging endpoint failed for good (after retries, or with a non-retryable status)."""
 
 
-def _server_message(response: httpx.Response) -> str:
-    """The server's error message: error.message of an OpenAI-style body, else the body's start."""
-    try:
-        body = response.json()
-        err = body.get("error", body) if isinstance(body, dict) else body
-        msg = err.get("message", err) if isinstance(err, dict) else err
-        return str(msg)[:500]
-    except ValueError:
-        return response.text[:500]
-
-
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-
-
-def _scrub(text: str, secret: str | None) -> str:
-    """Remove the key from a message, in case a server or library echoes it."""
-    return text.replace(secret, "***") if secret else text
-
-
-def _retry_after(response: httpx.Response) -> float | None:
-    """Retry-After in seconds (the HTTP-date form is ignored), capped at MAX_RETRY_AFTER_S."""
-    try:
-        return min(max(float(response.headers["retry-after"]), 0.0), MAX_RETRY_AFTER_S)
-    except (KeyError, ValueError):
-        return None
 
 
 # ---------------------------------------------------------------- tagger
@@ -229,56 +203,31 @@ class LLMTagger:
             f.flush()
             os.fsync(f.fileno())
 
-    def _post(self, client: httpx.Client, prompt: str, key: str | None) -> str:
-        """One chat completion, retried on 429/5xx/connection errors/timeouts; returns the content."""
-        payload = {
-            "model": self.model,
-            "temperature": 0,
-            "messages": [
-                {"role": "system", "content": SYSTEM_PROMPT},
-                {"role": "user", "content": prompt},
-            ],
-        }
-        headers = {"Authorization": f"Bearer {key}"} if key else {}
-        for attempt in range(self.max_retries + 1):
-            if attempt:
-                self.retries += 1
-            self.calls += 1
-            wait = self.backoff_s * 2**attempt
-            try:
-                response = client.post(f"{self.base_url}/chat/completions", json=payload, headers=headers)
-            except httpx.TransportError as e:  # connection errors and timeouts
-                failure = f"{type(e).__name__}: {e}"
-            else:
-                if response.status_code == 200:
-                    return self._content(response)
-                failure = f"HTTP {response.status_code}: {_server_message(response)}"
-                if response.status_code != 429 and response.status_code < 500:
-                    raise TaggerError(_scrub(failure, key))
-                retry_after = _retry_after(response)
-                wait = wait if retry_after is None else retry_after
-            if attempt < self.max_retries:
-                time.sleep(wait)
-        raise TaggerError(_scrub(f"gave up after {self.max_retries + 1} attempts: {failure}", key))
+    def _count(self, requests: int = 0, retries: int = 0, **tokens: int) -> None:
+        """The chat client's counting hook: requests sent and re-sent (token counts are not kept)."""
+        self.calls += requests
+        self.retries += retries
 
-    @staticmethod
-    def _content(response: httpx.Response) -> str:
-        """The message content of a 200 answer; a malformed body counts as unparsable output."""
+    def _post(self, client: ChatCompletionsClient, prompt: str) -> str:
+        """One chat completion's content; a malformed answer counts as unparsable output."""
+        messages = [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": prompt}]
         try:
-            return str(response.json()["choices"][0]["message"]["content"])
-        except (ValueError, KeyError, IndexError, TypeError):
-            raise ValueError(f"no tags in model output: {response.text[:200]!r}") from None
+            return client.complete(messages).content
+        except ChatCompletionsError as e:
+            raise TaggerError(str(e)) from None
+        except MalformedCompletion as e:
+            raise ValueError(f"no tags in model output: {e.body!r}") from None
 
-    def _tag_one(self, client: httpx.Client, prompt: str, key: str | None) -> list[str]:
+    def _tag_one(self, client: ChatCompletionsClient, prompt: str) -> list[str]:
         """Tags of one prompt from the API; an unparsable answer is asked again once."""
         for attempt in range(2):
             if attempt:
                 self.retries += 1
-            try:
-                return parse_tags(self._post(client, prompt, key), self.max_tags)
-            except ValueError as e:  # the message quotes the server's answer, which may echo the key
+            try:  # the client scrubbed the key from the answer these errors quote
+                return parse_tags(self._post(client, prompt), self.max_tags)
+            except ValueError:
                 if attempt:
-                    raise ValueError(_scrub(str(e), key)) from None
+                    raise
         raise AssertionError("unreachable")
 
     def tag(self, prompts: list[str], progress: bool = False) -> list[list[str]]:
@@ -288,9 +237,11 @@ class LLMTagger:
         self.cache_hits += len(prompts) - sum(1 for k in keys if k in misses)
         if misses:
             api_key = self._api_key()
-            with httpx.Client(timeout=self.timeout_s) as client:
+            with ChatCompletionsClient(self.base_url, self.model, api_key, timeout_s=self.timeout_s,
+                                       max_retries=self.max_retries, backoff_s=self.backoff_s,
+                                       count=self._count) as client:
                 for i, (k, prompt) in enumerate(misses.items(), 1):
-                    self._append_cache(k, self._tag_one(client, prompt, api_key))
+                    self._append_cache(k, self._tag_one(client, prompt))
                     if progress:
                         print(f"tagged {i}/{len(misses)} prompts", file=sys.stderr)
         return [list(self._cache[k]) for k in keys]

@@ -1,0 +1,147 @@
+"""A client for OpenAI-compatible `POST {base_url}/chat/completions` endpoints (OpenAI, vLLM, llama.cpp).
+
+Shared by the LLM tagger (`sampling/taggers.py`) and the HTTP judge (`judge/http.py`); each keeps
+its own prompting, parsing and caching.
+
+- The API key goes out as `Authorization: Bearer <key>` (no header when there is none). It is kept
+  private, never in repr, and scrubbed ("***") from every error message and reply text, in case a
+  server echoes it.
+- Retries on I/O only: HTTP 429, 5xx, connection errors and timeouts, with exponential backoff
+  (backoff_s, 2 × backoff_s, ...); a Retry-After header in seconds replaces the backoff, capped at
+  MAX_RETRY_AFTER_S. Other 4xx fail at once: a wrong model name or key will not get better by asking again.
+- Error messages quote the server's own message (error.message of an OpenAI-style body).
+- Each 200 reply's `usage` gives its prompt and completion token counts.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import httpx
+
+MAX_RETRY_AFTER_S = 30.0  # a server's Retry-After is respected up to this many seconds
+
+
+class ChatCompletionsError(RuntimeError):
+    """The endpoint failed for good (after retries, or with a non-retryable status)."""
+
+
+class MalformedCompletion(ValueError):
+    """A 200 answer with no message text in it; `body` is the start of the answer, key scrubbed."""
+
+    def __init__(self, message: str, body: str):
+        super().__init__(message)
+        self.body = body
+
+
+@dataclass(frozen=True)
+class ChatReply:
+    """The message text of one completion (key scrubbed) and its token counts from `usage`."""
+
+    content: str
+    prompt_tokens: int
+    completion_tokens: int
+
+
+def server_message(response: httpx.Response) -> str:
+    """The server's error message: error.message of an OpenAI-style body, else the body's start."""
+    try:
+        body = response.json()
+        err = body.get("error", body) if isinstance(body, dict) else body
+        msg = err.get("message", err) if isinstance(err, dict) else err
+        return str(msg)[:500]
+    except ValueError:
+        return response.text[:500]
+
+
+def scrub(text: str, secret: str | None) -> str:
+    """Remove the key from a message, in case a server or library echoes it."""
+    return text.replace(secret, "***") if secret else text
+
+
+def retry_after_s(response: httpx.Response) -> float | None:
+    """Retry-After in seconds (the HTTP-date form is ignored), clamped to [0, MAX_RETRY_AFTER_S]."""
+    try:
+        return min(max(float(response.headers["retry-after"]), 0.0), MAX_RETRY_AFTER_S)
+    except (KeyError, ValueError):
+        return None
+
+
+def _no_count(**amounts: int) -> None:
+    pass
+
+
+class ChatCompletionsClient:
+    """POSTs chat completions to `{base_url}/chat/completions`, retrying on I/O as the module says.
+
+    `count` is called with requests=1 and retries=0 or 1 before every request sent, and with
+    prompt_tokens and completion_tokens for every 200 answer (the judge's usage counters take it as is).
+    Safe to share between threads (one httpx.Client); close it, or use it as a context manager.
+    """
+
+    def __init__(self, base_url: str, model: str, api_key: str | None = None, *, timeout_s: float = 60.0,
+                 max_retries: int = 3, backoff_s: float = 1.0, count: Callable[..., None] = _no_count):
+        if max_retries < 0 or timeout_s <= 0:
+            raise ValueError("max_retries must be >= 0 and timeout_s > 0")
+        self.url = f"{base_url.rstrip('/')}/chat/completions"
+        self.model = model
+        self.max_retries, self.backoff_s = max_retries, backoff_s
+        self._api_key = api_key
+        self._count = count
+        self._client = httpx.Client(timeout=timeout_s)
+
+    def __repr__(self) -> str:
+        return f"ChatCompletionsClient(url={self.url!r}, model={self.model!r}, max_retries={self.max_retries})"
+
+    def close(self) -> None:
+        self._client.close()
+
+    def __enter__(self) -> ChatCompletionsClient:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def complete(self, messages: list[dict[str, str]], *, temperature: float = 0,
+                 max_tokens: int | None = None) -> ChatReply:
+        """One completion of `messages`; raises ChatCompletionsError or MalformedCompletion."""
+        payload = {"model": self.model, "messages": messages, "temperature": temperature}
+        if max_tokens is not None:
+            payload["max_tokens"] = max_tokens
+        headers = {"Authorization": f"Bearer {self._api_key}"} if self._api_key else {}
+        for attempt in range(self.max_retries + 1):
+            self._count(requests=1, retries=int(attempt > 0))
+            wait = self.backoff_s * 2**attempt
+            try:
+                response = self._client.post(self.url, json=payload, headers=headers)
+            except httpx.TransportError as e:  # connection errors and timeouts
+                failure = f"{type(e).__name__}: {e}"
+            else:
+                if response.status_code == 200:
+                    return self._reply(response)
+                failure = f"HTTP {response.status_code}: {server_message(response)}"
+                if response.status_code != 429 and response.status_code < 500:
+                    raise ChatCompletionsError(scrub(f"{self.url}: {failure} (not retried)", self._api_key))
+                retry_after = retry_after_s(response)
+                wait = wait if retry_after is None else retry_after
+            if attempt < self.max_retries:
+                time.sleep(wait)
+        raise ChatCompletionsError(
+            scrub(f"{self.url}: gave up after {self.max_retries + 1} attempts: {failure}", self._api_key))
+
+    def _reply(self, response: httpx.Response) -> ChatReply:
+        """The message text and token counts of a 200 answer; counts its tokens; no text is a MalformedCompletion."""
+        body_start = scrub(response.text, self._api_key)[:200]  # scrubbed whole: a cut could split the key
+        try:
+            body = response.json()
+            usage = body.get("usage") or {}
+            tokens = int(usage.get("prompt_tokens", 0)), int(usage.get("completion_tokens", 0))
+            self._count(prompt_tokens=tokens[0], completion_tokens=tokens[1])
+            content = body["choices"][0]["message"]["content"]
+        except (ValueError, KeyError, IndexError, TypeError, AttributeError):
+            raise MalformedCompletion(f"malformed response body: {body_start[:120]!r}", body_start) from None
+        if not isinstance(content, str):
+            raise MalformedCompletion(f"reply content is {type(content).__name__}, not text", body_start)
+        return ChatReply(scrub(content, self._api_key), *tokens)

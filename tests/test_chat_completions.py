@@ -1,0 +1,69 @@
+"""The shared chat-completions client's pieces that the tagger and judge tests do not reach."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+from judge_server import COMPLETION_TOKENS, PROMPT_TOKENS, JudgeServer
+
+from rlhf_core.chat_completions import (
+    ChatCompletionsClient,
+    MalformedCompletion,
+    retry_after_s,
+    scrub,
+    server_message,
+)
+
+KEY = "sk-test-0a1b2c3d-never-log-me"
+
+
+@pytest.mark.parametrize(
+    "header, seconds",
+    [
+        ("2.5", 2.5),
+        ("120", 30.0),  # capped at MAX_RETRY_AFTER_S
+        ("-1", 0.0),
+        ("Wed, 21 Oct 2026 07:28:00 GMT", None),  # the HTTP-date form is ignored: the backoff applies
+    ],
+)
+def test_retry_after_in_seconds_is_capped_and_a_date_is_ignored(header, seconds):
+    assert retry_after_s(httpx.Response(429, headers={"Retry-After": header})) == seconds
+
+
+def test_no_retry_after_header_means_none():
+    assert retry_after_s(httpx.Response(503)) is None
+
+
+def test_server_message_is_the_openai_error_message_else_the_body():
+    assert server_message(httpx.Response(401, json={"error": {"message": "Incorrect API key"}})) == "Incorrect API key"
+    assert server_message(httpx.Response(400, json={"error": "bad model"})) == "bad model"
+    assert server_message(httpx.Response(502, text="<html>bad gateway</html>")) == "<html>bad gateway</html>"
+    assert server_message(httpx.Response(502, text="x" * 600)) == "x" * 500
+
+
+def test_scrub_replaces_the_key_and_leaves_text_alone_without_one():
+    assert scrub(f"you sent Bearer {KEY}", KEY) == "you sent Bearer ***"
+    assert scrub("no key here", None) == "no key here"
+
+
+def test_a_key_cut_by_the_quoted_body_start_is_still_scrubbed():
+    # '{"detail": "' is 12 characters, so the key starts at 115: a quote cut at 120 would keep "sk-te"
+    body = {"detail": "x" * 103 + KEY}
+    with JudgeServer() as server, ChatCompletionsClient(server.base_url, "m", KEY) as client:
+        server.script = [("body", body)]
+        with pytest.raises(MalformedCompletion, match="malformed response body") as err:
+            client.complete([{"role": "user", "content": "hi"}])
+    assert KEY[:5] not in str(err.value) and KEY[:5] not in err.value.body and "***" in err.value.body
+
+
+def test_the_count_hook_gets_requests_retries_and_tokens():
+    counts: list[dict] = []
+    with JudgeServer() as server, ChatCompletionsClient(server.base_url, "m", None, backoff_s=0.0,
+                                                        count=lambda **c: counts.append(c)) as client:
+        server.script = [("status", 503, {}), ("reply", "hello")]
+        reply = client.complete([{"role": "user", "content": "hi"}], max_tokens=7)
+        sent = server.requests[-1]
+    assert (reply.content, reply.prompt_tokens, reply.completion_tokens) == ("hello", PROMPT_TOKENS, COMPLETION_TOKENS)
+    assert counts == [{"requests": 1, "retries": 0}, {"requests": 1, "retries": 1},
+                      {"prompt_tokens": PROMPT_TOKENS, "completion_tokens": COMPLETION_TOKENS}]
+    assert "Authorization" not in sent["headers"] and sent["body"]["max_tokens"] == 7
