@@ -29,7 +29,7 @@ from rlhf_core.config import RESOLVED, ConfigError, RoundConfig, config_digest, 
 from rlhf_core.annotation.importer import check_exports
 from rlhf_core.paths import allowed_roots, check_config_paths, resolve_allowed
 from tasks.annotation import collect_annotations, import_annotations
-from tasks.common import RunContext, code_version, lock_workdir
+from tasks.common import RunContext, code_version, lock_workdir, publish_markdown
 from tasks.denoise import denoise_pairs
 from tasks.evaluation import evaluate
 from tasks.generation import generate
@@ -225,8 +225,21 @@ def _run_stages(config: RoundConfig, stop_after: StageName | None, round_no: int
 def finish_round(ctx: RunContext, outputs: dict[str, ArtifactRef]) -> dict[str, Any]:
     summary = summarize_round(ctx, outputs)
     ctx.tracker.end_run(ctx.parent_run_id)
+    publish_markdown(round_markdown(ctx, summary), key=f"round-{ctx.round_name}",
+                     description=f"round {ctx.round_name}: headline numbers and its MLflow run")
     get_run_logger().info("round %s finished: %s", ctx.round_name, json.dumps(summary["headline"]))
     return summary
+
+
+def round_markdown(ctx: RunContext, summary: dict[str, Any]) -> str:
+    """The round's Prefect artifact: its headline numbers and a link to its parent MLflow run."""
+    lines = [f"# RLHF round {ctx.round_name} #{ctx.round_no}", "",
+             f"Tracking: {ctx.tracker.run_link(ctx.parent_run_id)} (one nested run per stage).", "",
+             f"Stages run: {', '.join(summary['artifacts'])}.", "", "| headline | value |", "| --- | --- |"]
+    for name, value in summary["headline"].items():
+        if value is not None:  # a `|` in a name ("KL(new policy || SFT)") would split the table's cell
+            lines.append(f"| {name.replace('|', chr(92) + '|')} | {value:.4g} |")
+    return "\n".join(lines)
 
 
 def summarize_round(ctx: RunContext, outputs: dict[str, ArtifactRef]) -> dict[str, Any]:

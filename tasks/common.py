@@ -7,7 +7,8 @@ stage execution:
   3. a cache hit returns the earlier artifact (tagged `rlhf.cache=hit`), else `produce` writes
      into a staging directory which is committed atomically;
   4. metrics, output tables, plots and models go to MLflow (a hit logs the artifact's metrics and
-     output tables again, and registers its model if no version holds that digest yet).
+     output tables again, and registers its model if no version holds that digest yet);
+  5. a Prefect markdown artifact (what the stage did, its numbers, its MLflow run), on a hit too.
 """
 
 from __future__ import annotations
@@ -156,6 +157,52 @@ def _prefect_task_run_id() -> str:
         return ""
 
 
+def publish_markdown(markdown: str, key: str, description: str) -> None:
+    """A Prefect markdown artifact on the running flow or task; nothing outside a Prefect run (tests calling
+    .fn, benchmarks). `key` is made of lower-case letters, digits and dashes, as Prefect requires."""
+    from prefect.artifacts import create_markdown_artifact
+    from prefect.context import FlowRunContext, TaskRunContext
+
+    if FlowRunContext.get() is None and TaskRunContext.get() is None:
+        return
+    key = "".join(c if c.isalnum() else "-" for c in key.lower())
+    create_markdown_artifact(markdown=markdown, key=key, description=description)
+
+
+def _what_the_stage_does() -> str:
+    """The first paragraph of the running task's docstring (each stage task says what it produces)."""
+    try:
+        from prefect.context import TaskRunContext
+
+        doc = TaskRunContext.get().task.fn.__doc__ or ""
+    except Exception:  # outside a Prefect task
+        return ""
+    return " ".join(doc.strip().split("\n\n")[0].split())
+
+
+def stage_markdown(stage: str, ctx: RunContext, ref: ArtifactRef, metrics: dict[str, Any], cached: bool,
+                   link: str, max_numbers: int = 12) -> str:
+    """The stage's Prefect artifact: what it did, how (ran or cache), its first headline numbers, its MLflow run."""
+    how = "served from the cache" if cached else f"ran in {metrics.get('time/stage_seconds', 0.0):.0f} s"
+    lines = [f"# Stage {stage}: round {ctx.round_name} #{ctx.round_no}", ""]
+    if what := _what_the_stage_does():
+        lines += [what, ""]
+    lines += [f"Output `{ref.kind}:{ref.digest[:12]}` ({how}) at `{ref.path}`.", "", f"Tracking: {link}", ""]
+    numbers = [(k, v) for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)
+               and not k.startswith("time/")][:max_numbers]  # in the order the stage reported them
+    if numbers:
+        lines += ["| metric | value |", "| --- | --- |"]
+        lines += [f"| {k} | {v:.4g} |" if isinstance(v, float) else f"| {k} | {v} |" for k, v in numbers]
+    return "\n".join(lines)
+
+
+def _publish_stage(stage: str, ctx: RunContext, ref: ArtifactRef, metrics: dict[str, Any], cached: bool,
+                   run_id: str) -> None:
+    markdown = stage_markdown(stage, ctx, ref, metrics, cached, ctx.tracker.run_link(run_id))
+    publish_markdown(markdown, key=f"stage-{stage}-{ctx.round_name}",
+                     description=f"stage {stage} of round {ctx.round_name}: what it did and its MLflow run")
+
+
 def run_stage(
     ctx: RunContext,
     *,
@@ -207,6 +254,7 @@ def run_stage(
             # outputs as on a miss; this also registers a model whose first run was killed before it could
             _log_outputs(tracker, run_id, hit, register_as, stage)
             tracker.end_run(run_id)
+            _publish_stage(stage, ctx, hit, store.manifest(hit).metrics, cached=True, run_id=run_id)
             return hit
 
         start = time.time()
@@ -226,6 +274,7 @@ def run_stage(
                                   "rlhf.output_path": ref.path})
         _log_outputs(tracker, run_id, ref, register_as, stage)
         tracker.end_run(run_id)
+        _publish_stage(stage, ctx, ref, metrics, cached=False, run_id=run_id)
         _stage_logger().info("stage %s: done in %.0f s (%s %s)", stage, metrics["time/stage_seconds"], ref.kind,
                              ref.digest[:12])
         return ref
@@ -252,5 +301,5 @@ def _log_outputs(tracker: Tracker, run_id: str, ref: ArtifactRef, register_as: s
             tracker.log_artifact(run_id, f, "outputs")
 
 
-__all__ = ["RunContext", "StageRun", "run_stage", "config_digest", "code_version", "lock_workdir",
+__all__ = ["RunContext", "StageRun", "run_stage", "publish_markdown", "config_digest", "code_version", "lock_workdir",
            "WorkdirBusyError"]

@@ -106,6 +106,14 @@ class Tracker:
         run = self.client.create_run(self.experiment_id, run_name=name, tags=tags)
         return run.info.run_id
 
+    def run_link(self, run_id: str) -> str:
+        """Markdown pointing at the run: a link into the MLflow UI for a tracking server, else the run id
+        and the store (a local store has no UI address of its own)."""
+        if self.tracking_uri.startswith(("http://", "https://")):
+            url = f"{self.tracking_uri.rstrip('/')}/#/experiments/{self.experiment_id}/runs/{run_id}"
+            return f"[MLflow run {run_id}]({url})"
+        return f"MLflow run `{run_id}` (experiment {self.experiment_id} in `{self.tracking_uri}`)"
+
     def end_run(self, run_id: str, status: str = "FINISHED") -> None:
         self.client.set_terminated(run_id, status=status)
 
