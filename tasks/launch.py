@@ -75,9 +75,9 @@ def accelerate_command(module: str, args: list[str], num_processes: int, deepspe
     env = dict(os.environ)
     env["PYTHONUNBUFFERED"] = "1"  # lines reach the task's log as they are printed
     accelerate = str(Path(sys.executable).parent / "accelerate")
-    port = ["--main_process_port", str(free_port()), "--tee", "3"]
+    common = ["--main_process_port", str(free_port()), "--tee", "3"]
     if rank_logs is not None:
-        port += ["--log_dir", str(rank_logs)]
+        common += ["--log_dir", str(rank_logs)]
     ds_config = deepspeed_config(deepspeed)
     if not torch.cuda.is_available():
         env.setdefault("RLHF_TORCH_THREADS", str(max(1, (os.cpu_count() or 1) // num_processes)))
@@ -87,7 +87,7 @@ def accelerate_command(module: str, args: list[str], num_processes: int, deepspe
             env["RLHF_DIST_BACKEND"] = "gloo"
     mode = ["--multi_gpu"] if ds_config is None else ["--use_deepspeed", "--deepspeed_config_file", str(ds_config)]
     argv = [accelerate, "launch", *mode, "--num_processes", str(num_processes), "--num_machines", "1",
-            "--mixed_precision", "no", "--dynamo_backend", "no", *port, "-m", module, *args]
+            "--mixed_precision", "no", "--dynamo_backend", "no", *common, "-m", module, *args]
     return argv, env
 
 
@@ -97,14 +97,14 @@ def group_processes(tag: str) -> list[int]:
     Found by environment because torch elastic starts each rank in a session of its own, so neither the
     launcher's process group nor its session holds the ranks, and a rank whose launcher died is re-parented.
     """
-    marker = f"{GROUP_ENV}={tag}".encode() + b"\0"
+    marker = b"\0" + f"{GROUP_ENV}={tag}".encode() + b"\0"  # a whole entry of the NUL-separated environment
     found = []
     for entry in os.scandir("/proc"):
         if not entry.name.isdigit():
             continue
         try:
             with open(f"/proc/{entry.name}/environ", "rb") as f:
-                if marker in f.read() + b"\0":
+                if marker in b"\0" + f.read() + b"\0":
                     found.append(int(entry.name))
         except OSError:  # gone meanwhile, or not ours to read
             continue
