@@ -642,6 +642,12 @@ class EvalConfig(StrictModel):
     template_version: Literal["pairwise-v1"] = Field(
         "pairwise-v1", description="the judging prompt's version (LLM-as-a-judge pairwise template); part of the "
         "judgement cache key and the stage's cache key")
+    single_grading: bool = Field(
+        False, description="also grade each model's answer alone, 1-10 (MT-Bench single-answer grading, "
+        "Zheng et al. 2023): the oracle from gold (a monotone map, docs/judge.md), LLM judges through the "
+        "single-v1 prompt; the mean grade per model with a bootstrap 95 % interval")
+    grading_template_version: Literal["single-v1"] = Field(
+        "single-v1", description="the grading prompt's version (MT-Bench single-v1); part of the grade cache key")
     cache_file: str = Field("cache/judgements.sqlite", description="http/local: SQLite judgement cache, relative "
                             "to the workdir; a re-run sends no request twice")
     bootstrap_samples: int = Field(1000, ge=100, description="bootstrap resamples for the 95 % intervals")

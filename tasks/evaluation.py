@@ -4,6 +4,7 @@ The judge is the simulated world's oracle (default), an OpenAI-compatible LLM ov
 vLLM) or a local transformers model. An LLM judge's key comes from an environment variable or a
 Prefect Secret block, read here and handed to the judge: never into the config, params or logs.
 LLM judges' verdicts are also compared with the oracle's on the same pairs (agreement with gold).
+With `single_grading`, the same judge also grades each answer alone, 1-10 (MT-Bench single-v1).
 """
 
 from __future__ import annotations
@@ -20,8 +21,9 @@ from rlhf_core.artifacts import ArtifactRef, content_digest
 from rlhf_core.config import EvalConfig, HTTPJudgeConfig, RewardTrainConfig
 from rlhf_core.evaluation import compare_policies
 from rlhf_core.judge.cache import JudgementCache
+from rlhf_core.judge.grading import grade_judgements
 from rlhf_core.judge.oracle import OracleJudge
-from rlhf_core.judge.prompt import criteria_text
+from rlhf_core.judge.prompt import criteria_text, grading_criteria_text
 from rlhf_core.judge.prompt_sets import mtbench_prompts
 from rlhf_core.schemas import read_table, write_table
 from rlhf_core.sim.world import gold_score
@@ -56,6 +58,8 @@ def make_judge(cfg: EvalConfig, workdir: str | Path):
         return OracleJudge(tie_margin=cfg.tie_margin)
     cache = JudgementCache(Path(workdir) / cfg.cache_file)
     criteria = criteria_text(cfg.criteria, cfg.custom_criteria)
+    grading = dict(grading_criteria=grading_criteria_text(cfg.criteria, cfg.custom_criteria),
+                   grading_template_version=cfg.grading_template_version)
     if cfg.judge == "http":
         h = cfg.http
         from rlhf_core.judge.http import HTTPJudge
@@ -63,12 +67,13 @@ def make_judge(cfg: EvalConfig, workdir: str | Path):
         return HTTPJudge(h.base_url, h.model, criteria, cfg.template_version, api_key=http_api_key(h), cache=cache,
                          timeout_s=h.timeout_s, max_retries=h.max_retries, backoff_s=h.backoff_s,
                          max_tokens=h.max_tokens, price_input_per_1k=h.price_input_per_1k,
-                         price_output_per_1k=h.price_output_per_1k)
+                         price_output_per_1k=h.price_output_per_1k, **grading)
     if cfg.judge == "local":
         from rlhf_core.judge.local import LocalJudge
 
         return LocalJudge(cfg.local.model_path, criteria, cfg.template_version, cache=cache,
-                          max_new_tokens=cfg.local.max_new_tokens, max_input_tokens=cfg.local.max_input_tokens)
+                          max_new_tokens=cfg.local.max_new_tokens, max_input_tokens=cfg.local.max_input_tokens,
+                          **grading)
     raise ValueError(f"unknown judge {cfg.judge!r}")
 
 
@@ -97,10 +102,25 @@ def headline(metrics: dict[str, float], cfg: EvalConfig, baseline_name: str = "s
              "position disagreement": "eval/judge/position_disagreement",
              "unparsed replies": "eval/judge/unparsed_share"}
     lines += [""] + [f"- {label}: {metrics[key]:.1%}" for label, key in extra.items() if key in metrics]
+    lines += grade_lines(metrics, ("policy", baseline_name))
     if "eval/judge/cost_usd" in metrics:
         lines.append(f"- requests {int(metrics['eval/judge/requests'])}, cache hits "
                      f"{int(metrics['eval/judge/cache_hits'])}, cost ${metrics['eval/judge/cost_usd']:.4f}")
     return "\n".join(lines)
+
+
+def grade_lines(metrics: dict[str, float], names: tuple[str, str]) -> list[str]:
+    """The headline's single-answer grading table (mean grade 1-10 and its 95 % interval), if graded."""
+    if f"eval/{names[0]}/grade" not in metrics:
+        return []
+    lines = ["", "| model | mean grade (1-10) | 95 % CI | graded |", "| --- | --- | --- | --- |"]
+    for name in names:
+        m = f"eval/{name}/grade"
+        lines.append(f"| {name} | {metrics[m]:.2f} | {metrics[m + '_lo']:.2f} – {metrics[m + '_hi']:.2f} | "
+                     f"{int(metrics[m + '_n'])} |")
+    if metrics.get("eval/grade/unparsed_share", 0.0) > 0:  # NaN (nothing graded) is not > 0
+        lines.append(f"\n- unparsed grades: {metrics['eval/grade/unparsed_share']:.1%}")
+    return lines
 
 
 def _publish_headline(markdown: str, round_name: str, baseline_name: str = "sft") -> None:
@@ -133,14 +153,21 @@ def evaluate(ctx: RunContext, cfg: EvalConfig, candidate: ArtifactRef, baseline:
         tokenizer = models.load_tokenizer(candidate.path)
         judge = make_judge(cfg, ctx.workdir)
         llm = cfg.judge != "oracle"
+        concurrency = cfg.http.concurrency if llm else 1
         try:
             judgements, metrics = compare_policies(
                 models.load_policy(candidate.path), models.load_policy(baseline.path), tokenizer, prompts, judge,
                 cfg, seed=seed, score_fn=reward_scorer(reward_model.path, reward_train.max_length),
                 gold_fn=gold_score if simulated else None, names=("policy", baseline_name),
-                concurrency=cfg.http.concurrency if llm else 1,
+                concurrency=concurrency,
                 gold_judge=OracleJudge(tie_margin=cfg.tie_margin) if llm and simulated else None,
             )
+            if cfg.single_grading:
+                texts = dict(zip(prompts["prompt_id"], prompts["prompt"]))
+                judgements, grade_metrics = grade_judgements(
+                    judge, judgements, [texts[pid] for pid in judgements["prompt_id"]], concurrency,
+                    cfg.bootstrap_samples, seed)
+                metrics |= grade_metrics
         finally:
             if hasattr(judge, "close"):
                 judge.close()

@@ -1,8 +1,9 @@
 """A real OpenAI-compatible chat-completions server on 127.0.0.1 that judges with the simulation's oracle.
 
-It reads the question and both answers back out of the judging prompt, asks the OracleJudge, and
-answers "[[A]]", "[[B]]" or "[[C]]". Tests script failures for the next requests (`server.script`)
-and read what was sent (`server.requests`).
+It reads the question and both answers back out of the pairwise judging prompt, asks the
+OracleJudge, and answers "[[A]]", "[[B]]" or "[[C]]"; from a single-answer grading prompt it reads
+the question and the answer and answers "Rating: [[r]]", the oracle's grade to one decimal. Tests
+script failures for the next requests (`server.script`) and read what was sent (`server.requests`).
 """
 
 from __future__ import annotations
@@ -18,10 +19,16 @@ from rlhf_core.judge.oracle import OracleJudge
 _PROMPT = re.compile(r"\[User Question\]\n(.*)\n\n\[The Start of Assistant A's Answer\]\n(.*)\n"
                      r"\[The End of Assistant A's Answer\]\n\n\[The Start of Assistant B's Answer\]\n(.*)\n"
                      r"\[The End of Assistant B's Answer\]", re.DOTALL)
+_GRADING_PROMPT = re.compile(r"\[Instruction\]\n.*\n\n\[Question\]\n(.*)\n\n\[The Start of Assistant's Answer\]\n(.*)\n"
+                             r"\[The End of Assistant's Answer\]", re.DOTALL)
 PROMPT_TOKENS, COMPLETION_TOKENS = 100, 20  # what every answer reports in `usage`
 
 
 def oracle_reply(user_message: str, tie_margin: float = 0.25) -> str:
+    grading = _GRADING_PROMPT.fullmatch(user_message)
+    if grading:
+        grade = OracleJudge(tie_margin).grade(*grading.groups())
+        return f"{grade.rationale}. Rating: [[{grade.rating:.1f}]]"
     question, answer_a, answer_b = _PROMPT.fullmatch(user_message).groups()
     outcome, why = OracleJudge(tie_margin).compare(question, answer_a, answer_b)
     return f"{why}. [[{ {'first': 'A', 'second': 'B', 'tie': 'C'}[outcome]}]]"

@@ -15,6 +15,7 @@ from mlflow import MlflowClient
 
 from rlhf_core import models
 from rlhf_core.config import EvalConfig, HTTPJudgeConfig, PolicyModelConfig, RewardTrainConfig, WorldConfig
+from rlhf_core.judge.oracle import OracleJudge
 from rlhf_core.reward.model import RewardModel
 from rlhf_core.schemas import read_table
 from tasks.common import RunContext, run_stage
@@ -194,3 +195,35 @@ def test_the_opt_in_mt_bench_set_is_judged_without_gold(stage, tmp_path, monkeyp
     assert table["prompt_id"].tolist() == ["mt-81", "mt-82"] and "verdict_gold" not in table.columns
     assert (table["verdict_ab"].tolist(), table["verdict_ba"].tolist()) == (["lose", "lose"], ["win", "win"])
     assert "Authorization" not in server.requests[0]["headers"]  # api_key_env null: no key sent
+
+
+def test_single_grading_grades_each_answer_and_reports_mean_grades_with_intervals(stage):
+    ctx, (candidate, baseline, reward, world, reward_train) = stage["ctx"], stage["args"]
+    with JudgeServer() as server:  # grades from the oracle, one decimal
+        cfg = EvalConfig(judge="http", n_prompts=N_PROMPTS, max_new_tokens=6, single_grading=True,
+                         http=HTTPJudgeConfig(base_url=server.base_url, api_key_env=None))
+        ref = evaluate.fn(ctx, cfg, candidate, baseline, reward, world, reward_train, seed=0)
+        grading_requests = [r for r in server.requests
+                            if r["body"]["messages"][1]["content"].startswith("[Instruction]")]
+    table = read_table("judgements", Path(ref.path) / "judgements.parquet")
+    texts = read_table("prompts", world.file("eval_prompts.parquet")).set_index("prompt_id")["prompt"]
+    oracle = OracleJudge(tie_margin=0.25)
+    for side in ("a", "b"):
+        expected = [round(oracle.grade(texts[pid], answer).rating, 1)
+                    for pid, answer in zip(table["prompt_id"], table[f"response_{side}"])]
+        assert table[f"grade_{side}"].tolist() == pytest.approx(expected)
+        assert set(table[f"grade_parse_status_{side}"]) == {"ok"}
+    # one request per distinct (prompt, answer): repeated answers come from the grade cache
+    distinct = {(texts[pid], a) for side in ("a", "b") for pid, a in zip(table["prompt_id"], table[f"response_{side}"])}
+    assert len(grading_requests) == len(distinct)
+    run = stage["client"].search_runs([stage["runs"][0].info.experiment_id],
+                                      filter_string="tags.`rlhf.stage` = 'evaluate' and "
+                                      "params.`evaluation.single_grading` = 'True'")[0]
+    metrics = run.data.metrics
+    for name, side in (("policy", "a"), ("sft", "b")):
+        assert metrics[f"eval/{name}/grade"] == pytest.approx(table[f"grade_{side}"].mean())
+        assert metrics[f"eval/{name}/grade_lo"] <= metrics[f"eval/{name}/grade"] <= metrics[f"eval/{name}/grade_hi"]
+        assert metrics[f"eval/{name}/grade_n"] == N_PROMPTS
+    text = headline(metrics, cfg)
+    assert "| model | mean grade (1-10) | 95 % CI | graded |" in text
+    assert f"| policy | {metrics['eval/policy/grade']:.2f} | {metrics['eval/policy/grade_lo']:.2f} – " in text

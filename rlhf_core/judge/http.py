@@ -26,8 +26,9 @@ class HTTPJudge(LLMJudge):
     def __init__(self, base_url: str, model: str, criteria: str, template_version: str, *,
                  api_key: str | None = None, cache: JudgementCache | None = None, timeout_s: float = 60.0,
                  max_retries: int = 4, backoff_s: float = 1.0, max_tokens: int = 1024,
-                 price_input_per_1k: float = 0.0, price_output_per_1k: float = 0.0):
-        super().__init__(model, criteria, template_version, cache)
+                 price_input_per_1k: float = 0.0, price_output_per_1k: float = 0.0,
+                 grading_criteria: str | None = None, grading_template_version: str = "single-v1"):
+        super().__init__(model, criteria, template_version, cache, grading_criteria, grading_template_version)
         self._chat = ChatCompletionsClient(base_url, model, api_key, timeout_s=timeout_s, max_retries=max_retries,
                                            backoff_s=backoff_s, count=self.count)
         self.url = self._chat.url

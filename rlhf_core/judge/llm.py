@@ -1,4 +1,4 @@
-"""What every LLM judge shares: the judging prompt, verdict parsing, the cache and usage counters.
+"""What every LLM judge shares: the judging and grading prompts, their parsing, the cache and usage counters.
 
 A backend (HTTP API, local transformers model) only implements `_complete(messages) -> reply text`.
 """
@@ -7,10 +7,15 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
+from collections.abc import Callable
+from typing import TypeVar
 
-from rlhf_core.judge.cache import JudgementCache, judgement_key
-from rlhf_core.judge.prompt import judging_messages, parse_verdict
+from rlhf_core.judge.cache import JudgementCache, grade_key, judgement_key
+from rlhf_core.judge.grading import Grade
+from rlhf_core.judge.prompt import grading_messages, judging_messages, parse_rating, parse_verdict
 from rlhf_core.judge.protocol import Judgement
+
+T = TypeVar("T", Judgement, Grade)
 
 
 class MalformedReply(ValueError):
@@ -18,16 +23,20 @@ class MalformedReply(ValueError):
 
 
 class LLMJudge:
-    """compare/judgement over `_complete`; counters in `usage`: requests (sent, retries included), retries,
-    cache_hits, replies (fresh judgements), prompt_tokens, completion_tokens, unparsed, fallback."""
+    """compare/judgement/grade over `_complete`; counters in `usage`: requests (sent, retries included),
+    retries, cache_hits, replies (fresh judgements and grades), prompt_tokens, completion_tokens, unparsed,
+    fallback. `grading_criteria` (a grading_criteria_text) is needed only to grade."""
 
     kind = "llm"
 
-    def __init__(self, model: str, criteria: str, template_version: str, cache: JudgementCache | None = None):
+    def __init__(self, model: str, criteria: str, template_version: str, cache: JudgementCache | None = None,
+                 grading_criteria: str | None = None, grading_template_version: str = "single-v1"):
         self.model = model
         self.criteria = criteria  # the criteria sentence itself: a custom text is part of the cache key
         self.template_version = template_version
         self.cache = cache
+        self.grading_criteria = grading_criteria
+        self.grading_template_version = grading_template_version
         self.usage: Counter[str] = Counter()
         self._usage_lock = threading.Lock()
 
@@ -45,18 +54,36 @@ class LLMJudge:
         if cached is not None:
             self.count(cache_hits=1)
             return cached
-        messages = judging_messages(prompt, first, second, self.criteria, self.template_version)
-        try:
-            reply = self._complete(messages)
-        except MalformedReply as e:
-            judgement = Judgement("tie", "", "unparsed", str(e))
-        else:
-            parsed = parse_verdict(reply)
-            judgement = Judgement(parsed.outcome, reply.strip(), parsed.status, parsed.reason)
-        self.count(replies=1, **({judgement.parse_status: 1} if judgement.parse_status != "ok" else {}))
+        judgement = self._ask(judging_messages(prompt, first, second, self.criteria, self.template_version),
+                              _judgement_from_reply, lambda why: Judgement("tie", "", "unparsed", why))
         if self.cache is not None:
             self.cache.put(key, judgement)
         return judgement
+
+    def grade(self, prompt: str, answer: str) -> Grade:
+        """The cached 1-10 grade of `answer` alone, else a fresh one (then cached); NaN when unparsed."""
+        if self.grading_criteria is None:
+            raise ValueError(f"{type(self).__name__} was built without grading_criteria: it cannot grade")
+        key = grade_key(self.kind, self.model, self.grading_template_version, self.grading_criteria, prompt, answer)
+        cached = self.cache.get_grade(key) if self.cache is not None else None
+        if cached is not None:
+            self.count(cache_hits=1)
+            return cached
+        grade = self._ask(grading_messages(prompt, answer, self.grading_criteria, self.grading_template_version),
+                          _grade_from_reply, lambda why: Grade(float("nan"), "", "unparsed", why))
+        if self.cache is not None:
+            self.cache.put_grade(key, grade)
+        return grade
+
+    def _ask(self, messages: list[dict[str, str]], from_reply: Callable[[str], T],
+             from_malformed: Callable[[str], T]) -> T:
+        """A fresh reply to `messages`, parsed (a malformed one: `from_malformed(reason)`), counted by status."""
+        try:
+            result = from_reply(self._complete(messages))
+        except MalformedReply as e:
+            result = from_malformed(str(e))
+        self.count(replies=1, **({result.parse_status: 1} if result.parse_status != "ok" else {}))
+        return result
 
     def close(self) -> None:
         if self.cache is not None:
@@ -65,3 +92,13 @@ class LLMJudge:
     def compare(self, prompt: str, first: str, second: str) -> tuple[str, str]:
         judgement = self.judgement(prompt, first, second)
         return judgement.outcome, judgement.rationale
+
+
+def _judgement_from_reply(reply: str) -> Judgement:
+    parsed = parse_verdict(reply)
+    return Judgement(parsed.outcome, reply.strip(), parsed.status, parsed.reason)
+
+
+def _grade_from_reply(reply: str) -> Grade:
+    parsed = parse_rating(reply)
+    return Grade(parsed.rating, reply.strip(), parsed.status, parsed.reason)

@@ -21,14 +21,16 @@ class LocalJudge(LLMJudge):
     kind = "local"
 
     def __init__(self, model_path: str | Path, criteria: str, template_version: str, *,
-                 cache: JudgementCache | None = None, max_new_tokens: int = 256, max_input_tokens: int = 2048):
+                 cache: JudgementCache | None = None, max_new_tokens: int = 256, max_input_tokens: int = 2048,
+                 grading_criteria: str | None = None, grading_template_version: str = "single-v1"):
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         path = Path(model_path)
         if not (path / "config.json").is_file():
             raise FileNotFoundError(f"local judge: {path} holds no model (no config.json): give a local Hugging "
                                     "Face model directory")
-        super().__init__(f"{path.name}@{content_digest(path)[0][:16]}", criteria, template_version, cache)
+        super().__init__(f"{path.name}@{content_digest(path)[0][:16]}", criteria, template_version, cache,
+                         grading_criteria, grading_template_version)
         self.tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
         self.lm = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32, local_files_only=True).eval()
         self.max_new_tokens, self.max_input_tokens = max_new_tokens, max_input_tokens

@@ -1,8 +1,22 @@
-"""The simulation's oracle judge: compares the hidden gold scores of two responses."""
+"""The simulation's oracle judge: compares the hidden gold scores of two responses, and grades one 1-10.
+
+The grade is a monotone map of gold, per prompt (`gold_rating`): 1 for an answer no better than
+one with no number at all (gold MISSING_ANSWER = -1), 10 for one as good as the world's ideal
+answer to that prompt (the right number, every style instruction followed), linear between:
+
+    rating = 1 + 9 * clip((gold - MISSING_ANSWER) / (gold(ideal) - MISSING_ANSWER), 0, 1)
+"""
 
 from __future__ import annotations
 
-from rlhf_core.sim.world import gold_score
+from rlhf_core.judge.grading import Grade
+from rlhf_core.sim.world import MISSING_ANSWER, gold_score, ideal_response
+
+
+def gold_rating(gold: float, gold_ideal: float) -> float:
+    """1-10 from gold: 1 at or below MISSING_ANSWER, 10 at or above gold_ideal, linear between."""
+    share = (gold - MISSING_ANSWER) / (gold_ideal - MISSING_ANSWER)  # gold_ideal >= 2 > MISSING_ANSWER
+    return 1.0 + 9.0 * min(max(share, 0.0), 1.0)
 
 
 class OracleJudge:
@@ -28,3 +42,8 @@ class OracleJudge:
             f"difference {diff:+.3f} vs tie margin {self.tie_margin:.3f}: {outcome}"
         )
         return outcome, rationale
+
+    def grade(self, prompt: str, answer: str) -> Grade:
+        gold, gold_ideal = gold_score(prompt, answer), gold_score(prompt, ideal_response(prompt))
+        rating = gold_rating(gold, gold_ideal)
+        return Grade(rating, f"gold={gold:.3f}, ideal answer's gold={gold_ideal:.3f}: rating {rating:.2f}")

@@ -11,13 +11,15 @@ tie on every pair, not a win for whichever model happened to be shown first.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import Literal, Protocol, TypeVar
 
 Outcome = Literal["first", "second", "tie"]
 Verdict = Literal["win", "tie", "lose"]
 VERDICTS = ("win", "tie", "lose")
+T = TypeVar("T")
 
 # What an outcome means for model A, depending on where A was shown.
 _A_FIRST = {"first": "win", "second": "lose", "tie": "tie"}
@@ -69,15 +71,20 @@ def judge_pair_row(judge: Judge, prompt: str, response_a: str, response_b: str) 
             "parse_reason_ab": ab.parse_reason, "parse_reason_ba": ba.parse_reason}
 
 
-def judge_pairs(judge: Judge, pairs: list[tuple[str, str, str]], concurrency: int = 1) -> list[dict[str, str]]:
-    """`judge_pair_row` of every (prompt, response_a, response_b), in order; `concurrency` pairs at once
-    (a thread pool: LLM judges wait on the network, and their rate limit is the API's)."""
+def map_concurrently(fn: Callable[..., T], items: list[tuple], concurrency: int = 1) -> list[T]:
+    """[fn(*item) for item in items], in order, `concurrency` at once (a thread pool: LLM judges wait on
+    the network, and their rate limit is the API's)."""
     if concurrency < 1:
         raise ValueError(f"concurrency must be >= 1, got {concurrency}")
     if concurrency == 1:
-        return [judge_pair_row(judge, *pair) for pair in pairs]
+        return [fn(*item) for item in items]
     with ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="judge") as pool:
-        return list(pool.map(lambda pair: judge_pair_row(judge, *pair), pairs))
+        return list(pool.map(lambda item: fn(*item), items))
+
+
+def judge_pairs(judge: Judge, pairs: list[tuple[str, str, str]], concurrency: int = 1) -> list[dict[str, str]]:
+    """`judge_pair_row` of every (prompt, response_a, response_b), in order; `concurrency` pairs at once."""
+    return map_concurrently(lambda *pair: judge_pair_row(judge, *pair), pairs, concurrency)
 
 
 def judge_pair_with_rationale(judge: Judge, prompt: str, response_a: str, response_b: str) -> tuple[str, str, str, str]:
