@@ -34,6 +34,8 @@ from tasks.denoise import denoise_pairs
 from tasks.evaluation import evaluate
 from tasks.generation import generate
 from tasks.ppo import train_policy
+from tasks.promotion import (evaluation_against_champion, lineage_tags, promote, starting_policy,
+                             tag_registered_policy)
 from tasks.reward import train_reward
 from tasks.sampling import sample_prompts
 from tasks.tracking import Tracker, check_tracking_server, default_tracking_uri
@@ -60,7 +62,17 @@ HEADLINE = {
     "judged win rate vs SFT": ("evaluate", "eval/judge/win_rate"),
     "judged tie rate vs SFT": ("evaluate", "eval/judge/tie_rate"),
     "judged lose rate vs SFT": ("evaluate", "eval/judge/lose_rate"),
+    "judged win rate vs the round before": ("evaluate_vs_previous", "eval/judge/win_rate"),
+    "judged tie rate vs the round before": ("evaluate_vs_previous", "eval/judge/tie_rate"),
+    "judged win rate vs the champion": ("evaluate_vs_champion", "eval/judge/win_rate"),
+    "judged tie rate vs the champion": ("evaluate_vs_champion", "eval/judge/tie_rate"),
 }
+
+
+def headline_metric(stage: str, key: str) -> str:
+    """The parent run's metric of a headline number: evaluations against other baselines than SFT
+    report under the same names as `evaluate` (eval/judge/...), so their stage goes into the name."""
+    return f"headline/{stage}/{key}" if stage.startswith("evaluate_vs_") else f"headline/{key}"
 
 
 def open_round(config: RoundConfig, round_no: int = 1) -> RunContext:
@@ -153,7 +165,8 @@ def rlhf_round(config: RoundConfig = RoundConfig(), stop_after: StageName | None
     """One RLHF round on the configured world; returns the summary (also logged to MLflow).
 
     The world, the SFT policy, the reward-model backbone and the ptx data are those of round 1 in
-    every round, and the new policy is judged against SFT.
+    every round. The new policy is judged against SFT (and the round before's), and becomes
+    rlhf-policy@champion when it beats the champion (iteration.promote_min_win_rate).
 
     Args:
         config: the whole round: world, sampling, generation, annotation, voting, denoising, reward
@@ -161,7 +174,8 @@ def rlhf_round(config: RoundConfig = RoundConfig(), stop_after: StageName | None
         stop_after: end the round after this stage; earlier stages come from the cache when they already
             ran with the same config. This is how one stage is run.
         round_no: the round's number in an iterated run; round k > 1 samples new prompts (seed + k - 1).
-        start_policy: the policy artifact this round improves (the previous round's); empty = the SFT policy.
+        start_policy: the policy artifact this round improves (the previous round's); empty = as
+            iteration.start_from says (the SFT policy, or rlhf-policy@champion).
         config_path: a YAML config file (relative to the worker's directory, or under RLHF_ALLOWED_ROOTS)
             used instead of the form's config; leave the form's config at its defaults when you give one.
     """
@@ -189,7 +203,9 @@ def _run_stages(config: RoundConfig, stop_after: StageName | None, round_no: int
         if done("sft", train_sft_policy(ctx, config.world, config.policy_model, config.sft, out["world"],
                                         config.seed)):
             return finish_round(ctx, out)
-        policy = start_policy or out["sft"]  # the policy this round improves
+        policy, source = starting_policy(ctx, config.iteration, out["sft"], start_policy)  # what PPO improves
+        lineage = lineage_tags(ctx, policy, source)
+        ctx.tracker.set_tags(ctx.parent_run_id, lineage)
         if done("sample", sample_prompts(ctx, config.sampling, out["world"], seed)):
             return finish_round(ctx, out)
         if done("generate", generate(ctx, config.generation, out["sample"], policy, seed)):
@@ -211,19 +227,25 @@ def _run_stages(config: RoundConfig, stop_after: StageName | None, round_no: int
         if done("ppo", train_policy(ctx, config.ppo, policy, out["reward"], out["world"], out["sft"],
                                     config.reward.train, seed)):
             return finish_round(ctx, out)
+        tag_registered_policy(ctx, out["ppo"], lineage)  # its registered version says what it started from
         done("evaluate", evaluate(ctx, config.evaluation, out["ppo"], out["sft"], out["reward"], out["world"],
                                   config.reward.train, seed))
         if start_policy is not None:  # round k is also judged against round k - 1 (stage evaluate_vs_previous)
-            evaluate(ctx, config.evaluation, out["ppo"], start_policy, out["reward"], out["world"],
-                     config.reward.train, seed, baseline_name="previous")
-        return finish_round(ctx, out)
+            out["evaluate_vs_previous"] = evaluate(ctx, config.evaluation, out["ppo"], start_policy, out["reward"],
+                                                   out["world"], config.reward.train, seed, baseline_name="previous")
+        if (judged := evaluation_against_champion(ctx, config, out, seed)) is not None:
+            promotion = promote(ctx, config.iteration, out["ppo"], *judged)
+        else:
+            promotion = {"promoted": False, "reason": "the round's policy already is the champion"}
+        return finish_round(ctx, out, promotion)
     except BaseException:
         ctx.tracker.end_run(ctx.parent_run_id, status="FAILED")
         raise
 
 
-def finish_round(ctx: RunContext, outputs: dict[str, ArtifactRef]) -> dict[str, Any]:
-    summary = summarize_round(ctx, outputs)
+def finish_round(ctx: RunContext, outputs: dict[str, ArtifactRef],
+                 promotion: dict[str, Any] | None = None) -> dict[str, Any]:
+    summary = summarize_round(ctx, outputs) | {"promotion": promotion}
     ctx.tracker.end_run(ctx.parent_run_id)
     publish_markdown(round_markdown(ctx, summary), key=f"round-{ctx.round_name}",
                      description=f"round {ctx.round_name}: headline numbers and its MLflow run")
@@ -236,6 +258,8 @@ def round_markdown(ctx: RunContext, summary: dict[str, Any]) -> str:
     lines = [f"# RLHF round {ctx.round_name} #{ctx.round_no}", "",
              f"Tracking: {ctx.tracker.run_link(ctx.parent_run_id)} (one nested run per stage).", "",
              f"Stages run: {', '.join(summary['artifacts'])}.", "", "| headline | value |", "| --- | --- |"]
+    if (promotion := summary.get("promotion")) is not None:
+        lines[4:4] = [f"Promotion: {promotion['reason']}.", ""]
     for name, value in summary["headline"].items():
         if value is not None:  # a `|` in a name ("KL(new policy || SFT)") would split the table's cell
             lines.append(f"| {name.replace('|', chr(92) + '|')} | {value:.4g} |")
@@ -256,8 +280,8 @@ def summarize_round(ctx: RunContext, outputs: dict[str, ArtifactRef]) -> dict[st
         "headline": headline,
     }
     # under the stages' own metric names: MLflow would mangle the readable ones ("KL(new policy || SFT)")
-    tracker.log_metrics(ctx.parent_run_id, {f"headline/{key}": headline[name] for name, (_, key) in HEADLINE.items()
-                                            if headline[name] is not None})
+    tracker.log_metrics(ctx.parent_run_id, {headline_metric(stage, key): headline[name]
+                                            for name, (stage, key) in HEADLINE.items() if headline[name] is not None})
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "summary.json"
         path.write_text(json.dumps(summary, indent=2))

@@ -687,6 +687,20 @@ class EvalConfig(StrictModel):
         return "harmlessness" if red_team else "helpfulness"
 
 
+class IterationConfig(StrictModel):
+    """How a round follows the others: the policy it starts from, and when its policy becomes the `champion`
+    (Secrets of RLHF Part II, iterated RLHF)."""
+
+    start_from: Literal["sft", "champion"] = Field(
+        "sft", description="the policy a round (the first of iterated rounds) generates with and improves by PPO: "
+        "sft = this round's SFT policy; champion = the policy registered as rlhf-policy@champion (SFT while none "
+        "is); later iterated rounds start from the round before")
+    promote_min_win_rate: float = Field(
+        0.5, ge=0.0, le=1.0, description="the new policy becomes rlhf-policy@champion when its judged win rate "
+        "against the champion (against SFT while there is none) is above this; a tie counts half a win (as in "
+        "Chatbot Arena and AlpacaEval), so 0.5 = it wins more prompts than it loses")
+
+
 class RoundConfig(StrictModel):
     """One RLHF round: sample -> generate -> annotate -> vote -> denoise -> reward -> PPO -> evaluate."""
 
@@ -708,6 +722,7 @@ class RoundConfig(StrictModel):
     # the best held-out gold of 3e-6..3e-4 (docs/ppo-max.md, section 5); Qwen uses 1e-6 at 7B.
     ppo: PPOConfig = PPOConfig(iterations=60, policy_lr=1e-5)
     evaluation: EvalConfig = EvalConfig()
+    iteration: IterationConfig = IterationConfig()
 
     @model_validator(mode="after")
     def _check_sizes(self) -> "RoundConfig":

@@ -187,16 +187,37 @@ class Tracker:
         except mlflow.exceptions.MlflowException:
             self.client.create_registered_model(name)
         digest = tags.get("rlhf.digest")
-        known = [v for v in self.client.search_model_versions(f"name = '{name}'")
-                 if digest is not None and v.tags.get("rlhf.digest") == digest]
-        if known:
-            version = min(known, key=lambda v: int(v.version))
-        else:
+        version = self.model_version(name, digest) if digest is not None else None
+        if version is None:
             self.client.log_artifacts(run_id, str(model_dir), "model")
             source = f"{self.client.get_run(run_id).info.artifact_uri}/model"
             version = self.client.create_model_version(name, source=source, run_id=run_id, tags=tags)
         self.client.set_registered_model_alias(name, alias, version.version)
         return int(version.version)
+
+    def model_version(self, name: str, digest: str):
+        """The first version of registered model `name` whose `rlhf.digest` tag is `digest`, or None."""
+        try:
+            versions = self.client.search_model_versions(f"name = '{name}'")
+        except mlflow.exceptions.MlflowException:  # no such registered model
+            return None
+        known = [v for v in versions if v.tags.get("rlhf.digest") == digest]
+        return min(known, key=lambda v: int(v.version)) if known else None
+
+    def aliased_version(self, name: str, alias: str):
+        """The version of `name` that holds `alias` (e.g. rlhf-policy@champion), or None while none does."""
+        try:
+            return self.client.get_model_version_by_alias(name, alias)
+        except mlflow.exceptions.MlflowException:  # no such model, or the alias is on no version
+            return None
+
+    def set_alias(self, name: str, alias: str, version: str | int) -> None:
+        self.client.set_registered_model_alias(name, alias, str(version))
+
+    def tag_model_version(self, name: str, version: str | int, tags: dict[str, Any]) -> None:
+        for key, value in tags.items():
+            if not SECRET_KEY.search(key):
+                self.client.set_model_version_tag(name, str(version), key, str(value))
 
 
 def _is_number(v: Any) -> bool:

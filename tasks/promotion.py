@@ -1,0 +1,114 @@
+"""Promotion: the round's policy becomes rlhf-policy@champion when the judge approves it.
+
+Every trained policy is registered as rlhf-policy@candidate by its stage. After the evaluation, the
+candidate is compared with the current champion (the SFT policy while there is none) through an
+evaluation stage's judgements: a judged win rate above `iteration.promote_min_win_rate` moves the
+`champion` alias to the candidate's version. A round may start from the champion
+(`iteration.start_from`); the round's run and the new policy's version are tagged with the version
+it started from, so the registry shows each policy's ancestry.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+
+from rlhf_core.artifacts import ArtifactRef
+from rlhf_core.config import IterationConfig, RoundConfig
+from tasks.common import RunContext, _stage_logger
+from tasks.evaluation import evaluate_vs_registered, registered_policy
+
+POLICY_MODEL, SFT_MODEL, CHAMPION = "rlhf-policy", "rlhf-sft-policy", "champion"
+
+def judged_win_rate(metrics: dict[str, float]) -> float:
+    """Wins plus half the ties, over the judged prompts (Chatbot Arena's and AlpacaEval's convention):
+    0.5 = as many prompts won as lost."""
+    return metrics["eval/judge/win_rate"] + 0.5 * metrics["eval/judge/tie_rate"]
+
+
+def starting_policy(ctx: RunContext, cfg: IterationConfig, sft: ArtifactRef,
+                    previous: ArtifactRef | None) -> tuple[ArtifactRef, str]:
+    """The policy the round generates with and improves, and where it came from: the round before's
+    (iterated rounds), the champion's (`start_from: champion`, while one is registered), else SFT."""
+    if previous is not None:
+        return previous, "previous_round"
+    if cfg.start_from == CHAMPION:
+        if ctx.tracker.aliased_version(POLICY_MODEL, CHAMPION) is not None:
+            return registered_policy(ctx, POLICY_MODEL, CHAMPION), CHAMPION
+        _stage_logger().warning("iteration.start_from is champion, and no policy is %s@%s yet: the round starts from SFT",
+                          POLICY_MODEL, CHAMPION)
+    return sft, "sft"
+
+
+def lineage_tags(ctx: RunContext, policy: ArtifactRef, source: str) -> dict[str, str]:
+    """rlhf.start_policy.{source,digest,model_version}: what the round's policy started from, by digest
+    and by registered version (rlhf-policy/3, rlhf-sft-policy/1) when the registry holds it."""
+    tags = {"rlhf.start_policy.source": source, "rlhf.start_policy.digest": policy.digest}
+    for name in (POLICY_MODEL, SFT_MODEL):
+        if (version := ctx.tracker.model_version(name, policy.digest)) is not None:
+            tags["rlhf.start_policy.model_version"] = f"{name}/{version.version}"
+            break
+    return tags
+
+
+def tag_registered_policy(ctx: RunContext, policy: ArtifactRef, tags: dict[str, str]) -> None:
+    """Tags on the registered rlhf-policy version of `policy` (its ppo stage registered it)."""
+    version = ctx.tracker.model_version(POLICY_MODEL, policy.digest)
+    if version is None:
+        raise RuntimeError(f"the round's policy {policy.digest[:12]} is not registered as {POLICY_MODEL}: its ppo "
+                           "stage registers it; re-run the round to register it")
+    ctx.tracker.tag_model_version(POLICY_MODEL, version.version, tags)
+
+
+def evaluation_against_champion(ctx: RunContext, config: RoundConfig, outputs: dict[str, ArtifactRef],
+                                seed: int) -> tuple[ArtifactRef, str] | None:
+    """The evaluation that decides promotion and what it judged against: the SFT evaluation while no
+    champion is registered; else one of the round's evaluations whose baseline is the champion, or a new
+    one (stage evaluate_vs_champion, added to `outputs`). None when the candidate already is the champion."""
+    champion = ctx.tracker.aliased_version(POLICY_MODEL, CHAMPION)
+    if champion is None:
+        return outputs["evaluate"], "the SFT policy (no champion yet)"
+    against = f"{POLICY_MODEL} v{champion.version} (champion)"
+    digest = champion.tags.get("rlhf.digest")
+    if digest == outputs["ppo"].digest:
+        return None
+    for ref in (outputs.get("evaluate"), outputs.get("evaluate_vs_previous")):
+        if ref is not None and _baseline_digest(ctx, ref) == digest:
+            return ref, against
+    outputs["evaluate_vs_champion"] = evaluate_vs_registered(
+        ctx, config.evaluation, outputs["ppo"], POLICY_MODEL, CHAMPION, outputs["reward"], outputs["world"],
+        config.reward.train, seed)
+    return outputs["evaluate_vs_champion"], against
+
+
+def _baseline_digest(ctx: RunContext, evaluation: ArtifactRef) -> str | None:
+    return next((i.digest for i in ctx.store.manifest(evaluation).inputs if i.name == "baseline"), None)
+
+
+@task(name="promote", cache_policy=NO_CACHE)
+def promote(ctx: RunContext, cfg: IterationConfig, candidate: ArtifactRef, evaluation: ArtifactRef,
+            against: str) -> dict[str, Any]:
+    """rlhf-policy@champion moves to the candidate when its judged win rate against `against` is above
+    iteration.promote_min_win_rate; the decision and its numbers go to the round's MLflow run."""
+    tracker = ctx.tracker
+    version = tracker.model_version(POLICY_MODEL, candidate.digest)
+    if version is None:
+        raise RuntimeError(f"the round's policy {candidate.digest[:12]} is not registered as {POLICY_MODEL}: "
+                           "its ppo stage registers it; re-run the round to register it")
+    win_rate = judged_win_rate(ctx.store.manifest(evaluation).metrics)
+    promoted = win_rate > cfg.promote_min_win_rate
+    verdict = "promoted to champion" if promoted else "not promoted"
+    reason = (f"{POLICY_MODEL} v{version.version} {verdict}: judged win rate {win_rate:.3f} (a tie half a win) "
+              f"against {against} {'>' if promoted else '<='} iteration.promote_min_win_rate "
+              f"{cfg.promote_min_win_rate}")
+    if promoted:
+        tracker.set_alias(POLICY_MODEL, CHAMPION, version.version)
+        tracker.tag_model_version(POLICY_MODEL, version.version, {"rlhf.promotion": reason})
+    tracker.set_tags(ctx.parent_run_id, {"rlhf.promotion": verdict, "rlhf.promotion.reason": reason})
+    tracker.log_metrics(ctx.parent_run_id, {"promotion/win_rate": win_rate, "promotion/promoted": float(promoted),
+                                            "promotion/threshold": cfg.promote_min_win_rate})
+    _stage_logger().info(reason)
+    return {"promoted": promoted, "win_rate": win_rate, "against": against, "version": int(version.version),
+            "reason": reason}

@@ -1,0 +1,104 @@
+"""Promotion to rlhf-policy@champion through real rounds of the miniature config (a real Prefect API, a
+real MLflow registry in a temp dir): not promoted at or below the threshold, promoted above it, and a
+round that starts from the champion generates with and improves that very version."""
+
+from pathlib import Path
+
+import pytest
+from mlflow import MlflowClient
+
+from rlhf_core.artifacts import ArtifactStore
+from rlhf_core.config import load_config
+
+CONFIG = Path(__file__).parents[1] / "configs" / "mini.yaml"
+TINY = ["sft.steps=20", "voting.n_models=2", "ppo.iterations=2", "ppo.critic_warmup_steps=1"]
+
+
+def _config(workdir, threshold: float):
+    return load_config(CONFIG, overrides=[f"workdir={workdir}", *TINY, "iteration.start_from=champion",
+                                          f"iteration.promote_min_win_rate={threshold}"])
+
+
+@pytest.fixture(scope="module")
+def rounds(prefect_api, tmp_path_factory):
+    """Round 1 with an unreachable threshold (1.0), the same round again with one below its win rate, then
+    a round that starts from the champion."""
+    from flows.round import rlhf_round
+
+    workdir = tmp_path_factory.mktemp("promotion")
+    kept = rlhf_round(config=_config(workdir, 1.0))
+    kept["aliases"] = _aliases(kept)
+    threshold = kept["promotion"]["win_rate"] / 2
+    promoted = rlhf_round(config=_config(workdir, threshold))  # every stage from the cache
+    promoted["aliases"] = _aliases(promoted)
+    from_champion = rlhf_round(config=_config(workdir, 1.0))
+    from_champion["aliases"] = _aliases(from_champion)
+    return workdir, kept, promoted, from_champion
+
+
+def _aliases(summary) -> dict[str, int]:
+    """rlhf-policy's aliases and the versions holding them, as the round left them."""
+    return dict(_client(summary).get_registered_model("rlhf-policy").aliases)
+
+
+def _client(summary):
+    uri = summary["mlflow"]["tracking_uri"]
+    return MlflowClient(uri, registry_uri=uri)
+
+
+def _inputs(workdir, summary, stage):
+    store = ArtifactStore(Path(workdir) / "artifacts")
+    ref = store.find(summary["artifacts"][stage]["kind"], summary["artifacts"][stage]["digest"])
+    return {i.name: i.digest for i in store.manifest(ref).inputs}
+
+
+def test_a_policy_judged_at_or_below_the_threshold_is_not_promoted(rounds):
+    workdir, kept, _, _ = rounds
+    # no champion yet: judged against SFT, a tie half a win
+    h = kept["headline"]
+    assert kept["promotion"]["win_rate"] == pytest.approx(h["judged win rate vs SFT"] + 0.5 * h["judged tie rate vs SFT"])
+    assert kept["promotion"]["promoted"] is False and "against the SFT policy" in kept["promotion"]["reason"]
+    client = _client(kept)
+    parent = client.get_run(kept["mlflow"]["run_id"]).data
+    assert parent.tags["rlhf.promotion"] == "not promoted"
+    assert parent.metrics["promotion/win_rate"] == pytest.approx(kept["promotion"]["win_rate"])
+    assert parent.metrics["promotion/threshold"] == 1.0
+    # the ppo stage registered it as version 1 with `candidate`, and no version is champion
+    assert kept["aliases"] == {"candidate": 1}
+    assert client.get_model_version("rlhf-policy", "1").tags["rlhf.digest"] == kept["artifacts"]["ppo"]["digest"]
+    # start_from champion with none registered: the round started from SFT, and says so
+    assert _inputs(workdir, kept, "generate")["policy"] == kept["artifacts"]["sft"]["digest"]
+    assert parent.tags["rlhf.start_policy.source"] == "sft"
+    assert parent.tags["rlhf.start_policy.model_version"] == "rlhf-sft-policy/1"
+
+
+def test_a_policy_judged_above_the_threshold_becomes_champion(rounds):
+    _, kept, promoted, _ = rounds
+    assert kept["promotion"]["win_rate"] > 0  # else no threshold lies below it
+    assert promoted["artifacts"]["ppo"] == kept["artifacts"]["ppo"]  # the same policy, from the cache
+    assert promoted["promotion"]["promoted"] is True and promoted["promotion"]["version"] == 1
+    assert promoted["aliases"] == {"candidate": 1, "champion": 1}
+    client = _client(promoted)
+    champion = client.get_model_version("rlhf-policy", "1")
+    assert champion.tags["rlhf.digest"] == kept["artifacts"]["ppo"]["digest"]
+    assert "promoted to champion" in champion.tags["rlhf.promotion"]
+    assert client.get_run(promoted["mlflow"]["run_id"]).data.tags["rlhf.promotion"] == "promoted to champion"
+
+
+def test_a_round_started_from_the_champion_improves_that_version(rounds):
+    workdir, kept, _, from_champion = rounds
+    champion_digest = kept["artifacts"]["ppo"]["digest"]
+    assert _inputs(workdir, from_champion, "generate")["policy"] == champion_digest
+    assert _inputs(workdir, from_champion, "ppo")["policy"] == champion_digest
+    client = _client(from_champion)
+    parent = client.get_run(from_champion["mlflow"]["run_id"]).data.tags
+    assert parent["rlhf.start_policy.source"] == "champion"
+    assert parent["rlhf.start_policy.model_version"] == "rlhf-policy/1"
+    assert from_champion["aliases"] == {"candidate": 2, "champion": 1}  # threshold 1.0: the champion stays v1
+    new = client.get_model_version("rlhf-policy", "2")
+    assert new.tags["rlhf.digest"] == from_champion["artifacts"]["ppo"]["digest"]
+    assert new.tags["rlhf.start_policy.model_version"] == "rlhf-policy/1"
+    assert new.tags["rlhf.start_policy.digest"] == champion_digest
+    # judged against the champion it started from
+    assert _inputs(workdir, from_champion, "evaluate_vs_champion")["baseline"] == champion_digest
+    assert "against rlhf-policy v1 (champion)" in from_champion["promotion"]["reason"]
