@@ -179,6 +179,10 @@ def print_summary(summary: dict) -> None:
     for name, value in summary["headline"].items():
         numbers.add_row(name, "-" if value is None else f"{value:.3f}" if isinstance(value, float) else str(value))
     console.print(numbers)
+    if promotion := summary.get("promotion"):
+        console.print(f"Promotion: {promotion['reason']}", soft_wrap=True)
+    if summary.get("stop"):
+        console.print(f"[yellow]Iterated rounds stop here: {summary['stop']}[/yellow]", soft_wrap=True)
     mlflow = summary["mlflow"]
     uri = mlflow["tracking_uri"]
     console.print(f"MLflow run: [bold]{mlflow['run_id']}[/bold] in experiment {mlflow['experiment']!r} at {uri}")

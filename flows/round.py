@@ -33,6 +33,7 @@ from tasks.common import RunContext, code_version, lock_workdir, publish_markdow
 from tasks.denoise import denoise_pairs
 from tasks.evaluation import evaluate
 from tasks.generation import generate
+from tasks.iteration import stop_reason, training_pairs
 from tasks.ppo import train_policy
 from tasks.promotion import (evaluation_against_champion, lineage_tags, promote, starting_policy,
                              tag_registered_policy)
@@ -48,6 +49,7 @@ HEADLINE = {
     "voters' gold accuracy": ("vote", "voting/voter_gold_accuracy_excl_gold_ties"),
     "pairs flipped by voting": ("denoise", "denoise/n_flipped"),
     "pairs in total": ("import_annotations", "annotation/n_pairs"),
+    "pairs accumulated over rounds": ("accumulate_pairs", "pairs/n_pairs"),
     "flip precision": ("denoise", "denoise/flip_precision_excl_gold_ties"),
     "gold agreement before denoising": ("denoise", "denoise/gold_agreement_before_excl_gold_ties"),
     "gold agreement after denoising": ("denoise", "denoise/gold_agreement_after_excl_gold_ties"),
@@ -161,7 +163,8 @@ StageName = Literal["world", "sft", "sample", "generate", "annotators", "import_
 
 @flow(name="rlhf-round", version=rlhf_core.__version__, log_prints=True)
 def rlhf_round(config: RoundConfig = RoundConfig(), stop_after: StageName | None = None, round_no: int = 1,
-               start_policy: ArtifactRef | None = None, config_path: str | None = None) -> dict[str, Any]:
+               start_policy: ArtifactRef | None = None, config_path: str | None = None,
+               earlier_pairs: ArtifactRef | None = None) -> dict[str, Any]:
     """One RLHF round on the configured world; returns the summary (also logged to MLflow).
 
     The world, the SFT policy, the reward-model backbone and the ptx data are those of round 1 in
@@ -178,17 +181,19 @@ def rlhf_round(config: RoundConfig = RoundConfig(), stop_after: StageName | None
             iteration.start_from says (the SFT policy, or rlhf-policy@champion).
         config_path: a YAML config file (relative to the worker's directory, or under RLHF_ALLOWED_ROOTS)
             used instead of the form's config; leave the form's config at its defaults when you give one.
+        earlier_pairs: the comparison pairs of the rounds before (the previous round's accumulation, or round
+            1's pairs); with iteration.pairs accumulate, this round votes on and trains with them and its own.
     """
     config = resolve_round_config(config, config_path)
     check_config_paths(config)  # every file the config names, before anything is created
     check_exports(config.annotation)  # and every annotation export readable as one
     check_tracking_server(config.tracking_uri or default_tracking_uri(Path(config.workdir).resolve()))
     with lock_workdir(config.workdir):  # one round at a time per workdir (its store, scratch and mlflow.db)
-        return _run_stages(config, stop_after, round_no, start_policy)
+        return _run_stages(config, stop_after, round_no, start_policy, earlier_pairs)
 
 
 def _run_stages(config: RoundConfig, stop_after: StageName | None, round_no: int,
-                start_policy: ArtifactRef | None) -> dict[str, Any]:
+                start_policy: ArtifactRef | None, earlier_pairs: ArtifactRef | None) -> dict[str, Any]:
     ctx = open_round(config, round_no)
     seed, simulated = config.seed + round_no - 1, not config.annotation.exports
     out: dict[str, ArtifactRef] = {}
@@ -215,11 +220,14 @@ def _run_stages(config: RoundConfig, stop_after: StageName | None, round_no: int
         if done("import_annotations", import_annotations(ctx, config.annotation, out["annotators"],
                                                          out["generate"], simulated)):
             return finish_round(ctx, out)
-        if done("vote", vote_strength(ctx, config.voting, out["import_annotations"], out["sft"], seed, simulated)):
+        pairs = out["import_annotations"]  # what the reward models learn from: this round's pairs, or rounds 1..k's
+        if (accumulated := training_pairs(ctx, config.iteration, pairs, earlier_pairs, round_no)) is not None:
+            pairs = out["accumulate_pairs"] = accumulated
+        if done("vote", vote_strength(ctx, config.voting, pairs, out["sft"], seed, simulated)):
             return finish_round(ctx, out)
-        if done("denoise", denoise_pairs(ctx, config.denoise, out["import_annotations"], out["vote"], simulated)):
+        if done("denoise", denoise_pairs(ctx, config.denoise, pairs, out["vote"], simulated)):
             return finish_round(ctx, out)
-        if done("reward", train_reward(ctx, config.reward, out["denoise"], out["import_annotations"], out["sft"],
+        if done("reward", train_reward(ctx, config.reward, out["denoise"], pairs, out["sft"],
                                        out["world"], seed, simulated, config.world.max_operand,
                                        tuple(config.world.operations),
                                        responses=out["generate"] if config.reward.train.meta.enabled else None)):
@@ -230,22 +238,26 @@ def _run_stages(config: RoundConfig, stop_after: StageName | None, round_no: int
         tag_registered_policy(ctx, out["ppo"], lineage)  # its registered version says what it started from
         done("evaluate", evaluate(ctx, config.evaluation, out["ppo"], out["sft"], out["reward"], out["world"],
                                   config.reward.train, seed))
+        stop = None
         if start_policy is not None:  # round k is also judged against round k - 1 (stage evaluate_vs_previous)
             out["evaluate_vs_previous"] = evaluate(ctx, config.evaluation, out["ppo"], start_policy, out["reward"],
                                                    out["world"], config.reward.train, seed, baseline_name="previous")
+            stop = stop_reason(ctx, config.iteration, out["evaluate_vs_previous"])
         if (judged := evaluation_against_champion(ctx, config, out, seed)) is not None:
             promotion = promote(ctx, config.iteration, out["ppo"], *judged)
         else:
             promotion = {"promoted": False, "reason": "the round's policy already is the champion"}
-        return finish_round(ctx, out, promotion)
+        return finish_round(ctx, out, {"promotion": promotion, "stop": stop})
     except BaseException:
         ctx.tracker.end_run(ctx.parent_run_id, status="FAILED")
         raise
 
 
 def finish_round(ctx: RunContext, outputs: dict[str, ArtifactRef],
-                 promotion: dict[str, Any] | None = None) -> dict[str, Any]:
-    summary = summarize_round(ctx, outputs) | {"promotion": promotion}
+                 decisions: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Summarise, close the round's MLflow run and publish its Prefect artifact. `decisions`: what a finished
+    round decided, {"promotion": ..., "stop": why iterated rounds stop here, or None}."""
+    summary = summarize_round(ctx, outputs, decisions or {"promotion": None, "stop": None})
     ctx.tracker.end_run(ctx.parent_run_id)
     publish_markdown(round_markdown(ctx, summary), key=f"round-{ctx.round_name}",
                      description=f"round {ctx.round_name}: headline numbers and its MLflow run")
@@ -258,15 +270,17 @@ def round_markdown(ctx: RunContext, summary: dict[str, Any]) -> str:
     lines = [f"# RLHF round {ctx.round_name} #{ctx.round_no}", "",
              f"Tracking: {ctx.tracker.run_link(ctx.parent_run_id)} (one nested run per stage).", "",
              f"Stages run: {', '.join(summary['artifacts'])}.", "", "| headline | value |", "| --- | --- |"]
-    if (promotion := summary.get("promotion")) is not None:
+    if (promotion := summary["promotion"]) is not None:
         lines[4:4] = [f"Promotion: {promotion['reason']}.", ""]
+    if summary["stop"]:
+        lines[4:4] = [f"Iterated rounds stop here: {summary['stop']}.", ""]
     for name, value in summary["headline"].items():
         if value is not None:  # a `|` in a name ("KL(new policy || SFT)") would split the table's cell
             lines.append(f"| {name.replace('|', chr(92) + '|')} | {value:.4g} |")
     return "\n".join(lines)
 
 
-def summarize_round(ctx: RunContext, outputs: dict[str, ArtifactRef]) -> dict[str, Any]:
+def summarize_round(ctx: RunContext, outputs: dict[str, ArtifactRef], decisions: dict[str, Any]) -> dict[str, Any]:
     """Headline numbers and artifact paths, logged to the parent run as metrics and summary.json."""
     store, tracker = ctx.store, ctx.tracker
     metrics = {stage: store.manifest(ref).metrics for stage, ref in outputs.items()}
@@ -278,6 +292,7 @@ def summarize_round(ctx: RunContext, outputs: dict[str, ArtifactRef]) -> dict[st
         "prefect_flow_run_id": ctx.flow_run_id,
         "artifacts": {name: {"kind": r.kind, "digest": r.digest, "path": r.path} for name, r in outputs.items()},
         "headline": headline,
+        **decisions,
     }
     # under the stages' own metric names: MLflow would mangle the readable ones ("KL(new policy || SFT)")
     tracker.log_metrics(ctx.parent_run_id, {headline_metric(stage, key): headline[name]
@@ -292,11 +307,14 @@ def summarize_round(ctx: RunContext, outputs: dict[str, ArtifactRef]) -> dict[st
 @flow(name="rlhf-rounds", version=rlhf_core.__version__, log_prints=True)
 def rlhf_rounds(config: RoundConfig = RoundConfig(), n_rounds: int = 2,
                 config_path: str | None = None) -> list[dict[str, Any]]:
-    """Iterated RLHF: each round annotates responses of the previous round's policy and improves it.
+    """Iterated RLHF: round k + 1 annotates responses of round k's policy, votes on and trains its reward
+    model with the pairs of rounds 1..k + 1 (iteration.pairs: accumulate) or its own, improves round k's
+    policy by PPO and is judged against it as well as SFT; the rounds stop early after one that does not
+    beat the round before (iteration.stop_min_win_rate).
 
     Args:
         config: the config of every round (see rlhf-round's `config`).
-        n_rounds: how many rounds to run, one after the other.
+        n_rounds: how many rounds to run at most, one after the other.
         config_path: a YAML config file used instead of the form's config (see rlhf-round's `config_path`).
     """
     if n_rounds < 1:
@@ -304,8 +322,15 @@ def rlhf_rounds(config: RoundConfig = RoundConfig(), n_rounds: int = 2,
     config = resolve_round_config(config, config_path)
     summaries: list[dict[str, Any]] = []
     start: ArtifactRef | None = None
+    pairs: ArtifactRef | None = None  # the pairs of the rounds so far
     for round_no in range(1, n_rounds + 1):
-        summary = rlhf_round(config=config, round_no=round_no, start_policy=start)
+        summary = rlhf_round(config=config, round_no=round_no, start_policy=start, earlier_pairs=pairs)
         summaries.append(summary)
+        if summary["stop"]:
+            get_run_logger().warning("iterated rounds stop after round %d of %d: %s", round_no, n_rounds,
+                                     summary["stop"])
+            break
         start = ArtifactRef(**summary["artifacts"]["ppo"])
+        artifacts = summary["artifacts"]
+        pairs = ArtifactRef(**artifacts.get("accumulate_pairs", artifacts["import_annotations"]))
     return summaries

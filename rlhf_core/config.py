@@ -688,17 +688,25 @@ class EvalConfig(StrictModel):
 
 
 class IterationConfig(StrictModel):
-    """How a round follows the others: the policy it starts from, and when its policy becomes the `champion`
-    (Secrets of RLHF Part II, iterated RLHF)."""
+    """How a round follows the others: the policy it starts from, the pairs its reward model learns from,
+    when its policy becomes the `champion`, and when iterated rounds stop (Secrets of RLHF Part II,
+    iterated RLHF; Llama 2 retrains its reward model on the accumulated preference data every round)."""
 
     start_from: Literal["sft", "champion"] = Field(
         "sft", description="the policy a round (the first of iterated rounds) generates with and improves by PPO: "
         "sft = this round's SFT policy; champion = the policy registered as rlhf-policy@champion (SFT while none "
         "is); later iterated rounds start from the round before")
+    pairs: Literal["accumulate", "per_round"] = Field(
+        "accumulate", description="iterated rounds: accumulate = round k votes on and trains its reward model with "
+        "the pairs of rounds 1..k (Llama 2, Part II's iterated rounds); per_round = the pairs of round k only")
     promote_min_win_rate: float = Field(
         0.5, ge=0.0, le=1.0, description="the new policy becomes rlhf-policy@champion when its judged win rate "
         "against the champion (against SFT while there is none) is above this; a tie counts half a win (as in "
         "Chatbot Arena and AlpacaEval), so 0.5 = it wins more prompts than it loses")
+    stop_min_win_rate: float | None = Field(
+        0.5, ge=0.0, description="iterated rounds stop after a round whose judged win rate (a tie half a win) "
+        "against the round before is under this: Part II saw gains for 3-4 rounds, then a decline; null = never "
+        "stop early; above 1 stops after round 2")
 
 
 class RoundConfig(StrictModel):

@@ -1,0 +1,78 @@
+"""Iterated rounds: the pairs a round's reward model learns from, and when the rounds stop.
+
+Round k > 1 of `rlhf_rounds` (Secrets of RLHF Part II's iterated RLHF) votes on and trains its
+reward model with its own pairs (`iteration.pairs: per_round`) or with the pairs of rounds 1..k
+(`accumulate`, as Llama 2 retrains its reward model on all the preference data so far). The rounds
+stop after one whose policy does not beat the round before's (`iteration.stop_min_win_rate`):
+Part II saw gains for 3-4 rounds, then a decline.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+
+from rlhf_core.artifacts import ArtifactRef
+from rlhf_core.config import IterationConfig
+from rlhf_core.schemas import read_table, write_table
+from tasks.common import RunContext, StageRun, _stage_logger, run_stage
+from tasks.promotion import judged_win_rate
+
+ACCUMULATE_VERSION = "1"
+
+
+def round_pairs(pairs: pd.DataFrame, round_no: int) -> pd.DataFrame:
+    """A round's comparisons as part of an accumulation: a `round_no` column, and pair ids prefixed
+    `r<k>-` (a pair id hashes the prompt and response ids, which recur in later rounds for other texts).
+    A table that already has `round_no` is an accumulation: returned as it is."""
+    if "round_no" in pairs.columns:
+        return pairs
+    return pairs.assign(pair_id=f"r{round_no}-" + pairs["pair_id"], round_no=round_no)
+
+
+@task(name="accumulate_pairs", version=ACCUMULATE_VERSION, cache_policy=NO_CACHE)
+def accumulate_pairs(ctx: RunContext, earlier: ArtifactRef, current: ArtifactRef, round_no: int) -> ArtifactRef:
+    """The comparison pairs of rounds 1..k: the earlier rounds' (round k - 1's accumulation, or round 1's
+    pairs) followed by this round's, each row tagged with its round."""
+
+    def produce(out: Path, run: StageRun) -> dict[str, float]:
+        before = round_pairs(read_table("comparisons", earlier.file("comparisons.parquet")), round_no - 1)
+        now = round_pairs(read_table("comparisons", current.file("comparisons.parquet")), round_no)
+        pairs = pd.concat([before, now], ignore_index=True)
+        write_table("comparisons", pairs, out / "comparisons.parquet")
+        return {"pairs/n_pairs": len(pairs), "pairs/n_earlier_rounds": len(before), "pairs/n_this_round": len(now),
+                "pairs/n_rounds": pairs["round_no"].nunique()}
+
+    return run_stage(ctx, stage="accumulate_pairs", version=ACCUMULATE_VERSION, kind="comparisons",
+                     config={"round_no": round_no}, inputs={"earlier": earlier, "current": current}, produce=produce)
+
+
+def training_pairs(ctx: RunContext, cfg: IterationConfig, current: ArtifactRef, earlier: ArtifactRef | None,
+                   round_no: int) -> ArtifactRef | None:
+    """The accumulated pairs round k votes on and trains with, or None when it uses its own pairs (round 1,
+    or iteration.pairs: per_round)."""
+    if earlier is None or cfg.pairs == "per_round":
+        return None
+    return accumulate_pairs(ctx, earlier, current, round_no)
+
+
+def stop_reason(ctx: RunContext, cfg: IterationConfig, vs_previous: ArtifactRef) -> str | None:
+    """Why the iterated rounds stop after this round (its judged win rate against the round before is under
+    iteration.stop_min_win_rate), or None; the decision and its numbers go to the round's MLflow run."""
+    win_rate = judged_win_rate(ctx.store.manifest(vs_previous).metrics)
+    metrics = {"iteration/win_rate_vs_previous": win_rate}
+    reason = None
+    if cfg.stop_min_win_rate is not None:
+        metrics["iteration/stop_min_win_rate"] = cfg.stop_min_win_rate
+        if win_rate < cfg.stop_min_win_rate:
+            reason = (f"round {ctx.round_no}'s judged win rate against round {ctx.round_no - 1} is {win_rate:.3f} "
+                      f"(a tie half a win), under iteration.stop_min_win_rate {cfg.stop_min_win_rate}")
+    ctx.tracker.log_metrics(ctx.parent_run_id, metrics)
+    ctx.tracker.set_tags(ctx.parent_run_id, {"rlhf.iteration.stop": "yes" if reason else "no"}
+                         | ({"rlhf.iteration.stop_reason": reason} if reason else {}))
+    if reason:
+        _stage_logger().warning("iterated rounds stop after this round: %s", reason)
+    return reason

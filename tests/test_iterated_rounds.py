@@ -1,0 +1,96 @@
+"""Iterated rounds of the miniature config through a real Prefect API and a real MLflow store: round 2
+votes on and trains with the pairs of rounds 1 and 2 (iteration.pairs: accumulate) or its own
+(per_round), and a stop threshold above any win rate ends three rounds after round 2, saying why in
+the Prefect log and in MLflow."""
+
+from pathlib import Path
+
+import pytest
+from mlflow import MlflowClient
+
+from rlhf_core.artifacts import ArtifactRef, ArtifactStore
+from rlhf_core.config import load_config
+from rlhf_core.schemas import read_table
+
+CONFIG = Path(__file__).parents[1] / "configs" / "mini.yaml"
+TINY = ["sft.steps=20", "voting.n_models=2", "ppo.iterations=2", "ppo.critic_warmup_steps=1"]
+
+
+def _config(workdir, *overrides: str):
+    return load_config(CONFIG, overrides=[f"workdir={workdir}", *TINY, *overrides])
+
+
+@pytest.fixture(scope="module")
+def iterated(prefect_api, tmp_path_factory):
+    """Three rounds asked, accumulating pairs, with a stop threshold no win rate reaches (1.01)."""
+    from flows.round import rlhf_rounds
+
+    workdir = tmp_path_factory.mktemp("iterated")
+    summaries = rlhf_rounds(config=_config(workdir, "iteration.pairs=accumulate", "iteration.stop_min_win_rate=1.01"),
+                            n_rounds=3)
+    return workdir, summaries
+
+
+def _ref(summary, stage: str) -> ArtifactRef:
+    return ArtifactRef(**summary["artifacts"][stage])
+
+
+def _inputs(store: ArtifactStore, summary, stage: str) -> dict[str, str]:
+    return {i.name: i.digest for i in store.manifest(_ref(summary, stage)).inputs}
+
+
+def test_round_2_votes_and_trains_on_the_pairs_of_rounds_1_and_2(iterated):
+    workdir, (r1, r2) = iterated
+    store = ArtifactStore(Path(workdir) / "artifacts")
+    n1, n2 = (store.manifest(_ref(r, "import_annotations")).metrics["annotation/n_pairs"] for r in (r1, r2))
+    assert n1 > 0 and n2 > 0
+    assert "accumulate_pairs" not in r1["artifacts"]  # round 1 has no earlier pairs
+    pairs = read_table("comparisons", _ref(r2, "accumulate_pairs").file("comparisons.parquet"))
+    assert len(pairs) == n1 + n2 == r2["headline"]["pairs accumulated over rounds"]
+    assert pairs["round_no"].value_counts().to_dict() == {1: n1, 2: n2}
+    # each pair id names its round: the same prompt and response ids recur across rounds
+    assert (pairs["pair_id"].str[:3] == pairs["round_no"].map({1: "r1-", 2: "r2-"})).all()
+    accumulated = r2["artifacts"]["accumulate_pairs"]["digest"]
+    assert _inputs(store, r2, "vote")["comparisons"] == accumulated
+    assert _inputs(store, r2, "denoise")["comparisons"] == accumulated
+    assert _inputs(store, r2, "reward")["comparisons"] == accumulated
+    votes = read_table("votes", _ref(r2, "vote").file("votes.parquet"))
+    assert len(votes) == n1 + n2  # re-voted: every accumulated pair has a strength
+    # round 2 improved round 1's policy and was judged against it
+    assert _inputs(store, r2, "ppo")["policy"] == r1["artifacts"]["ppo"]["digest"]
+    assert _inputs(store, r2, "evaluate_vs_previous")["baseline"] == r1["artifacts"]["ppo"]["digest"]
+
+
+def test_per_round_pairs_leave_the_earlier_rounds_out(iterated):
+    from flows.round import rlhf_round
+
+    workdir, (r1, r2) = iterated
+    summary = rlhf_round(config=_config(workdir, "iteration.pairs=per_round"), round_no=2, stop_after="vote",
+                         start_policy=_ref(r1, "ppo"), earlier_pairs=_ref(r1, "import_annotations"))
+    assert summary["artifacts"]["import_annotations"] == r2["artifacts"]["import_annotations"]  # from the cache
+    assert "accumulate_pairs" not in summary["artifacts"]
+    store = ArtifactStore(Path(workdir) / "artifacts")
+    assert _inputs(store, summary, "vote")["comparisons"] == r2["artifacts"]["import_annotations"]["digest"]
+
+
+def test_a_stop_threshold_above_1_ends_the_rounds_after_round_2(iterated):
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+    from prefect.logging.handlers import APILogHandler
+
+    _, summaries = iterated
+    assert len(summaries) == 2  # of the 3 asked
+    r1, r2 = summaries
+    assert r1["stop"] is None  # no round before round 1 to be judged against
+    h = r2["headline"]
+    win_rate = h["judged win rate vs the round before"] + 0.5 * h["judged tie rate vs the round before"]
+    reason = (f"round 2's judged win rate against round 1 is {win_rate:.3f} (a tie half a win), under "
+              "iteration.stop_min_win_rate 1.01")
+    assert r2["stop"] == reason
+    run = MlflowClient(r2["mlflow"]["tracking_uri"]).get_run(r2["mlflow"]["run_id"]).data
+    assert run.tags["rlhf.iteration.stop"] == "yes" and run.tags["rlhf.iteration.stop_reason"] == reason
+    assert run.metrics["iteration/win_rate_vs_previous"] == pytest.approx(win_rate)
+    APILogHandler().flush()  # the run loggers send their records to the API in batches
+    with get_client(sync_client=True) as client:
+        logs = client.read_logs(LogFilter(flow_run_id=LogFilterFlowRunId(any_=[r2["prefect_flow_run_id"]])))
+    assert f"iterated rounds stop after this round: {reason}" in [log.message for log in logs]
