@@ -544,6 +544,12 @@ class PPOConfig(StrictModel):
         10, ge=0, description="iterations between checkpoints (policy, critic, optimisers, reward moments, RNG "
         "states); a killed stage resumes from the last one. 0 = off",
     )
+    num_processes: int = Field(
+        1, ge=1, description="> 1: data-parallel worker ranks (accelerate; gradients summed over ranks as in PyTorch "
+        "DDP, Li et al. 2020): each rank samples and scores its share of every rollout's prompts and steps on its "
+        "rows of every minibatch; reward moments, advantage whitening and metrics are over the whole rollout, so the "
+        "result is the 1-process one up to float summation order; 1 = in-process. At most rollout_prompts",
+    )
 
     @property
     def steps_per_iteration(self) -> int:
@@ -568,6 +574,9 @@ class PPOConfig(StrictModel):
         self._from_preset = unset
         if self.reward_norm and self.reward_scaling:
             raise ValueError("ppo.reward_norm and ppo.reward_scaling are alternatives: set one of them false")
+        if self.num_processes > self.rollout_prompts:
+            raise ValueError(f"ppo.num_processes ({self.num_processes}) exceeds ppo.rollout_prompts "
+                             f"({self.rollout_prompts}): every rank samples at least one prompt per rollout")
         total = self.iterations * self.steps_per_iteration
         if self.critic_warmup_steps >= total:
             raise ValueError(f"ppo.critic_warmup_steps ({self.critic_warmup_steps}) leaves no policy update in the "

@@ -2,35 +2,27 @@
 
 from __future__ import annotations
 
+import json
+from collections.abc import Callable
 from pathlib import Path
 
 import pandas as pd
-
 from prefect import task
 from prefect.cache_policies import NO_CACHE
+from torch import nn
 
 from rlhf_core import models
 from rlhf_core.artifacts import ArtifactRef
 from rlhf_core.config import RESOLVED, PPOConfig, RewardTrainConfig
-from rlhf_core.ppo.trainer import train_ppo
-from rlhf_core.reward.model import RewardModel, score_texts
+from rlhf_core.ppo.scoring import gold_scores, reward_scorer  # noqa: F401 - reward_scorer is also evaluation's
+from rlhf_core.ppo.trainer import EXECUTION_SETTINGS, train_ppo
 from rlhf_core.schemas import read_table
-from rlhf_core.sim.world import gold_score
 from tasks.common import RunContext, StageRun, run_stage
+from tasks.launch import run_worker
 from tasks.plots import ppo_curves
 
-VERSION = "2"  # 2: gold per iteration, checkpoints, critic warm-up in optimiser steps
-
-
-def reward_scorer(reward_dir: str, max_length: int):
-    """(prompts, responses) -> scores, from a saved reward model."""
-    model, tokenizer = RewardModel.load(reward_dir), models.load_tokenizer(reward_dir)
-    return lambda prompts, responses: score_texts(model, tokenizer, prompts, responses, max_length=max_length)
-
-
-def gold_scores(prompts: list[str], responses: list[str]) -> list[float]:
-    """The simulated world's true reward of each response: logged per iteration, never trained on."""
-    return [gold_score(p, r) for p, r in zip(prompts, responses)]
+WORKER = "rlhf_core.workers.ppo"
+VERSION = "3"  # 3: each prompt's responses drawn with a seed of its rollout index (the same on any number of ranks)
 
 
 @task(name="ppo", version=VERSION, cache_policy=NO_CACHE)
@@ -40,16 +32,13 @@ def train_policy(ctx: RunContext, cfg: PPOConfig, policy: ArtifactRef, reward_mo
 
     def produce(out: Path, run: StageRun) -> dict[str, float]:
         prompts = read_table("prompts", world.file("prompts.parquet"))["prompt"].tolist()
-        scorer = reward_scorer(reward_model.path, reward_train.max_length)
         on_iteration = lambda m: run.log_metrics(m, step=int(m["iteration"]))  # noqa: E731
         ptx = None
         if cfg.ptx_coef > 0:  # PPO-max's pretraining loss, on the demonstrations the SFT policy learned
             demos = pd.read_parquet(sft.file("demonstrations.parquet"))
             ptx = list(zip(demos["prompt"], demos["response"]))
-        model, tokenizer, history = train_ppo(policy.path, scorer, prompts, cfg, seed=seed,
-                                              critic_init_dir=reward_model.path, on_iteration=on_iteration,
-                                              progress=True, ptx_examples=ptx, gold_fn=gold_scores,
-                                              checkpoint_dir=run.scratch)
+        model, tokenizer, history = train_on_ranks(cfg, policy.path, reward_model.path, reward_train.max_length,
+                                                   prompts, ptx, seed, run.scratch, on_iteration)
         models.save_hf(model, tokenizer, out)
         run.log_figure(ppo_curves(history), "ppo_curves.png")
         first, last = history[0], history[-1]
@@ -57,7 +46,50 @@ def train_policy(ctx: RunContext, cfg: PPOConfig, policy: ArtifactRef, reward_mo
                 "ppo/gold_first": first["objective/gold"], "ppo/gold_last": last["objective/gold"],
                 "ppo/kl_last": last["objective/kl"], "ppo/iterations": len(history)}
 
-    config = {"ppo": cfg.model_dump(context=RESOLVED), "reward_max_length": reward_train.max_length, "seed": seed}
+    config = {"ppo": cfg.model_dump(context=RESOLVED, exclude=EXECUTION_SETTINGS),
+              "reward_max_length": reward_train.max_length, "seed": seed}
     return run_stage(ctx, stage="ppo", version=VERSION, kind="policy", config=config,
                      inputs={"policy": policy, "reward_model": reward_model, "world": world, "sft": sft}, produce=produce,
-                     register_as="rlhf-policy")
+                     register_as="rlhf-policy", execution={"num_processes": cfg.num_processes})  # same policy
+
+
+def train_on_ranks(cfg: PPOConfig, policy_dir: Path, reward_dir: Path, reward_max_length: int, prompts: list[str],
+                   ptx: list[tuple[str, str]] | None, seed: int, scratch: Path,
+                   on_iteration: Callable[[dict[str, float]], None]) -> tuple[nn.Module, object, list[dict]]:
+    """`train_ppo` in this process, or as cfg.num_processes data-parallel worker ranks that leave the policy
+    and its history in `scratch`/policy (rank 0 writes). Either way the checkpoints live in `scratch`, so a
+    run killed on any number of ranks resumes on any number; with ranks, `on_iteration` sees every
+    iteration once the group is done (their lines reach the task's log as they come)."""
+    if cfg.num_processes == 1:
+        return train_ppo(policy_dir, reward_scorer(reward_dir, reward_max_length), prompts, cfg, seed=seed,
+                         critic_init_dir=reward_dir, on_iteration=on_iteration, progress=True, ptx_examples=ptx,
+                         gold_fn=gold_scores, checkpoint_dir=scratch)
+    policy_out = scratch / "policy"
+    # no --progress: each refresh of a bar would be a line in the Prefect run log
+    run_worker(WORKER, worker_args(cfg, policy_dir, reward_dir, reward_max_length, prompts, ptx, seed, scratch),
+               cfg.num_processes, scratch / "worker.log")
+    world_size = int((policy_out / "world_size.txt").read_text())
+    if world_size != cfg.num_processes:
+        raise RuntimeError(f"PPO asked for {cfg.num_processes} ranks and ran with {world_size}: "
+                           f"see {scratch / 'worker.log'}")
+    history = json.loads((policy_out / "history.json").read_text())
+    for metrics in history:
+        on_iteration(metrics)
+    return models.load_policy(policy_out), models.load_tokenizer(policy_out), history
+
+
+def worker_args(cfg: PPOConfig, policy_dir: Path, reward_dir: Path, reward_max_length: int, prompts: list[str],
+                ptx: list[tuple[str, str]] | None, seed: int, scratch: Path) -> list[str]:
+    """The PPO worker's arguments, its input files written into `scratch` (checkpoints there, the policy
+    in `scratch`/policy)."""
+    scratch.mkdir(parents=True, exist_ok=True)
+    pd.DataFrame({"prompt": prompts}).to_parquet(scratch / "prompts.parquet", index=False)
+    (scratch / "ppo.json").write_text(cfg.model_dump_json())  # a plain dump reloads as the same config
+    ptx_args = []
+    if ptx is not None:
+        pd.DataFrame(ptx, columns=["prompt", "response"]).to_parquet(scratch / "ptx.parquet", index=False)
+        ptx_args = ["--ptx", str(scratch / "ptx.parquet")]
+    return ["--policy-dir", str(policy_dir), "--reward-model", str(reward_dir), "--reward-max-length",
+            str(reward_max_length), "--prompts", str(scratch / "prompts.parquet"), *ptx_args, "--config",
+            str(scratch / "ppo.json"), "--seed", str(seed), "--checkpoint-dir", str(scratch), "--out",
+            str(scratch / "policy")]

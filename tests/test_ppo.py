@@ -22,7 +22,9 @@ from rlhf_core.ppo.core import (
     token_rewards,
     value_loss,
 )
-from rlhf_core.ppo.trainer import build_critic, response_logits, train_ppo
+from rlhf_core.ppo.data_parallel import pad_cat
+from rlhf_core.ppo.sampling import sample_rows
+from rlhf_core.ppo.trainer import build_critic, response_logits, sample_seeds, train_ppo
 
 TINY = PolicyModelConfig(
     hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1
@@ -261,14 +263,19 @@ def test_left_padding_does_not_change_logprobs(tiny):
     assert torch.allclose(batched[0], single[0], atol=1e-4)
 
 
-def test_sampled_responses_end_at_eos(tiny):
-    _, tok = tiny
-    # A head that ignores the state: p(eos) ~ 1/8 per token, so most rows stop early.
+def state_blind_policy(tok, eos_logit: float):
+    """A policy whose head ignores the state: every token's logit 0, eos's `eos_logit`."""
     model = models.build_policy(TINY, tok, seed=0).eval()
     model.lm_head = torch.nn.Linear(TINY.hidden_size, len(tok), bias=True)
     torch.nn.init.zeros_(model.lm_head.weight)
     torch.nn.init.zeros_(model.lm_head.bias)
-    model.lm_head.bias.data[tok.eos_token_id] = math.log(383 / 7)
+    model.lm_head.bias.data[tok.eos_token_id] = eos_logit
+    return model
+
+
+def test_sampled_responses_end_at_eos(tiny):
+    _, tok = tiny
+    model = state_blind_policy(tok, eos_logit=math.log(383 / 7))  # p(eos) ~ 1/8 per token: most rows stop early
     out = sample_batch(model, tok, ["Q: x\nA:"] * 16, max_new_tokens=12, generator_seed=0)
     is_eos = out.response_ids == tok.eos_token_id
     stopped = is_eos.any(1)
@@ -282,6 +289,33 @@ def test_sampled_responses_end_at_eos(tiny):
             assert n == ids.shape[0]
         assert "</s>" not in text and "<pad>" not in text
     assert decode_responses(tok, out.response_ids, out.response_mask) == out.texts
+
+
+def test_row_seeded_sampling_does_not_depend_on_the_batch(tiny):
+    """What lets N ranks sample one process's rollout: a row's tokens depend on its seed, not its batch."""
+    model, tok = tiny
+    queries, seeds = QUERIES + ["Q: x\nA:"], [11, 12, 13, 14]
+    whole = sample_rows(model, tok, queries, seeds, max_new_tokens=8, temperature=1.0, top_p=0.9)
+    halves = [sample_rows(model, tok, queries[i : i + 2], seeds[i : i + 2], 8, 1.0, 0.9) for i in (0, 2)]
+    assert whole.texts == halves[0].texts + halves[1].texts
+    width = whole.response_ids.shape[1]
+    assert torch.equal(pad_cat([h.response_ids for h in halves], tok.pad_token_id)[:, :width], whole.response_ids)
+    assert sample_rows(model, tok, queries, [21, 22, 23, 24], 8, 1.0, 0.9).texts != whole.texts
+    assert sample_seeds(0, 1, 2, 2) == sample_seeds(0, 1, 2, 2) != sample_seeds(0, 1, 3, 2)
+
+
+def test_row_seeded_sampling_draws_from_the_softmax_and_honours_top_p(tiny):
+    _, tok = tiny
+    model = state_blind_policy(tok, eos_logit=math.log((len(tok) - 1) / 3))  # p(eos) = 1/4 exactly
+    n = 8000
+    out = sample_rows(model, tok, ["Q: x\nA:"] * n, list(range(n)), max_new_tokens=1, temperature=1.0, top_p=1.0)
+    eos_rate = (out.response_ids[:, 0] == tok.eos_token_id).float().mean().item()
+    assert abs(eos_rate - 0.25) < 4 * (0.25 * 0.75 / n) ** 0.5  # 4 standard errors: 0.019
+    assert len(set(out.response_ids[:, 0].tolist())) > 200  # the other tokens are drawn too
+    # top_p 0.2: the nucleus is eos alone (its 1/4 covers the 0.2)
+    nucleus = sample_rows(model, tok, ["Q: x\nA:"] * 50, list(range(50)), max_new_tokens=1, temperature=1.0,
+                          top_p=0.2)
+    assert (nucleus.response_ids[:, 0] == tok.eos_token_id).all()
 
 
 # ---------------------------------------------------------------- trainer

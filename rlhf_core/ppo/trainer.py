@@ -4,6 +4,14 @@ The math lives in `rlhf_core.ppo.core`; this module only moves tensors between t
 frozen reference, the critic and the reward function. Every PPO-max trick is a switch of
 `PPOConfig` used in exactly one `if` below (or in core), so vanilla PPO is the same code with
 the switches off.
+
+Data parallel over N ranks (`train_ppo(rank=, world_size=)`, launched by rlhf_core.workers.ppo) on
+the same code path as one process: each rank samples, scores and runs the forwards of its contiguous
+share of every rollout's prompts; the ranks' experiences are gathered, so reward moments, advantages
+(whitened over the whole rollout) and metrics are computed on the whole rollout on every rank; each
+minibatch step runs on the rank's rows of the global minibatch, its loss weighted by the rank's share of
+the minibatch's tokens, and the gradients are summed over the ranks before clipping. Every step is the
+1-process step up to float summation order.
 """
 
 from __future__ import annotations
@@ -22,9 +30,10 @@ from transformers import AutoModel
 
 from rlhf_core.artifacts import atomic_write
 from rlhf_core.config import RESOLVED, PPOConfig
-from rlhf_core.generation.sampler import sample_batch
 from rlhf_core.models import format_query, load_policy, load_reward_model, load_tokenizer
 from rlhf_core.ops import entropy_from_logits, logprobs_from_logits, masked_mean, masked_whiten
+from rlhf_core.ppo.data_parallel import Ranks, pad_cat
+from rlhf_core.ppo.sampling import sample_rows
 from rlhf_core.ppo.core import (
     AdaptiveKLController,
     RunningMoments,
@@ -40,6 +49,7 @@ from rlhf_core.ppo.core import (
 from rlhf_core.sft import collate, encode_example
 
 RewardFn = Callable[[list[str], list[str]], torch.Tensor]  # (prompts, responses) -> scores (B,)
+EXECUTION_SETTINGS = frozenset({"num_processes"})  # how PPO runs, not what it computes: out of keys and checkpoints
 
 
 class Critic(nn.Module):
@@ -119,15 +129,20 @@ def response_values(critic: Critic, batch) -> torch.Tensor:
     return critic(**_forward_inputs(batch))[:, Tq - 1 : -1]
 
 
+def sample_seeds(seed: int, iteration: int, prompt_index: int, n: int) -> list[int]:
+    """The sampling seeds of one prompt's n responses in one rollout: a function of the prompt's index in
+    the rollout, not of the rank or the batch that samples it, so N ranks draw what one process draws."""
+    return [int(s) for s in np.random.SeedSequence([seed, iteration, prompt_index]).generate_state(n)]
+
+
 @torch.no_grad()
-def rollout(policy, reference, critic, tokenizer, reward_fn: RewardFn, prompts, cfg: PPOConfig, seed: int,
-            gold_fn: RewardFn | None = None):
-    """Sample responses, score them (and take their gold score when gold_fn is given), and record
-    log-probs (policy, reference) and values."""
+def rollout(policy, reference, critic, tokenizer, reward_fn: RewardFn, prompts: list[str], cfg: PPOConfig,
+            seeds: list[int], gold_fn: RewardFn | None = None) -> Experience:
+    """Sample one response per prompt (row i from its own stream seeded with seeds[i], `sample_rows`), score
+    them (and take their gold score when gold_fn is given), and record log-probs (policy, reference) and values."""
     queries = [format_query(tokenizer, p) for p in prompts]
-    sample = sample_batch(
-        policy, tokenizer, queries, cfg.max_new_tokens, cfg.temperature, cfg.top_p, generator_seed=seed
-    )
+    sample = sample_rows(policy, tokenizer, queries, seeds, cfg.max_new_tokens, cfg.temperature, cfg.top_p)
+    device = sample.response_ids.device
     logits = response_logits(policy, sample, cfg.temperature)  # (B, T, V)
     ref_logits = response_logits(reference, sample, cfg.temperature)
     return Experience(
@@ -139,9 +154,21 @@ def rollout(policy, reference, critic, tokenizer, reward_fn: RewardFn, prompts, 
         ref_logp=logprobs_from_logits(ref_logits, sample.response_ids),
         values=response_values(critic, sample),
         entropy=entropy_from_logits(logits),
-        scores=reward_fn(list(prompts), sample.texts).detach().float().reshape(-1),  # (B,)
-        gold=None if gold_fn is None else torch.as_tensor(gold_fn(list(prompts), sample.texts)).float().reshape(-1),
+        scores=reward_fn(prompts, sample.texts).detach().float().reshape(-1).to(device),  # (B,)
+        gold=None if gold_fn is None else torch.as_tensor(gold_fn(prompts, sample.texts)).float().reshape(-1).to(device),
     )
+
+
+QUERY_FIELDS = ("query_ids", "query_mask")  # left-padded; every other (B, T) field is right-padded
+
+
+def gather_experience(local: Experience, ranks: Ranks, pad_token_id: int) -> Experience:
+    """The whole rollout on every rank: the ranks' experiences in rank order (= prompt order), padded to
+    common widths (padding is masked out everywhere). One rank: its own experience."""
+    device = local.response_ids.device
+    parts = ranks.gather({k: v.cpu() for k, v in vars(local).items() if v is not None})
+    return Experience(**{k: pad_cat([p[k] for p in parts], pad_token_id if k.endswith("_ids") else 0,
+                                     left=k in QUERY_FIELDS).to(device) for k in parts[0]})
 
 
 def compute_advantages(exp: Experience, moments: RunningMoments, cfg: PPOConfig,
@@ -181,9 +208,12 @@ class Learner:
         factor = lambda step: lr_factor(step, schedule, warmup_steps, total_steps)  # noqa: E731
         return cls(model, optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, factor))
 
-    def step(self, loss: torch.Tensor, max_grad_norm: float) -> None:
+    def step(self, loss: torch.Tensor | None, max_grad_norm: float, ranks: Ranks = Ranks()) -> None:
+        """loss: this rank's part of the global minibatch's loss (None: no rows here, it adds nothing)."""
         self.optimizer.zero_grad()
-        loss.backward()
+        if loss is not None:
+            loss.backward()
+        ranks.sum_gradients(self.model)  # the global minibatch's gradient, on every rank
         nn.utils.clip_grad_norm_(self.model.parameters(), max_grad_norm)  # global norm over all parameters
         self.optimizer.step()
         self.schedule.step()
@@ -202,48 +232,80 @@ class Learner:
         self.schedule.load_state_dict(state["schedule"])
 
 
-def policy_step(policy: Learner, mb: Experience, cfg: PPOConfig, ptx_batch=None) -> dict[str, float]:
+def _added(a: torch.Tensor | None, b: torch.Tensor) -> torch.Tensor:
+    return b if a is None else a + b
+
+
+def policy_step(policy: Learner, mb: Experience, share: float, cfg: PPOConfig, ptx_batch=None,
+                ranks: Ranks = Ranks()) -> dict[str, float]:
     """One clipped-surrogate step on a minibatch, plus cfg.ptx_coef * the LM loss on a batch of
-    pretraining (SFT) examples when one is given (PPO-max's ptx term)."""
-    logits = response_logits(policy.model, mb, cfg.temperature)  # (b, T, V)
-    logp = logprobs_from_logits(logits, mb.response_ids)  # (b, T)
-    pg_loss, metrics = policy_loss(logp, mb.logp, mb.advantages, mb.response_mask, cfg.clip_coef)
-    ptx_loss = policy.model(**ptx_batch).loss if ptx_batch is not None else torch.zeros(())
-    entropy = masked_mean(entropy_from_logits(logits), mb.response_mask) if cfg.ent_coef else torch.zeros(())
-    policy.step(pg_loss - cfg.ent_coef * entropy + cfg.ptx_coef * ptx_loss, cfg.max_grad_norm)
-    return {
-        "loss/policy": pg_loss.item(),
-        "loss/ptx": ptx_loss.item(),
-        "loss/entropy_bonus": cfg.ent_coef * entropy.item(),
-        "policy/approx_kl": metrics["approx_kl"],
-        "policy/clipfrac": metrics["clipfrac"],
-    }
+    pretraining (SFT) examples when one is given (PPO-max's ptx term).
+
+    mb: this rank's rows of the global minibatch; share: their fraction of its response tokens (1 for
+    one rank). Token means weighted by their share sum over the ranks to the global minibatch's means,
+    for the loss and the metrics alike. The ptx batch is split over the ranks the same way."""
+    loss, parts = None, dict.fromkeys(("loss/policy", "loss/entropy_bonus", "policy/approx_kl", "policy/clipfrac"), 0.0)
+    if len(mb.response_ids):
+        logits = response_logits(policy.model, mb, cfg.temperature)  # (b, T, V)
+        logp = logprobs_from_logits(logits, mb.response_ids)  # (b, T)
+        pg_loss, metrics = policy_loss(logp, mb.logp, mb.advantages, mb.response_mask, cfg.clip_coef)
+        entropy = masked_mean(entropy_from_logits(logits), mb.response_mask) if cfg.ent_coef else torch.zeros(())
+        loss = share * (pg_loss - cfg.ent_coef * entropy)
+        parts = {"loss/policy": share * pg_loss.item(), "loss/entropy_bonus": share * cfg.ent_coef * entropy.item(),
+                 "policy/approx_kl": share * metrics["approx_kl"], "policy/clipfrac": share * metrics["clipfrac"]}
+    parts["loss/ptx"] = 0.0
+    if ptx_batch is not None:
+        ptx_rows, ptx_share = _ptx_shard(ptx_batch, ranks)
+        if ptx_share:
+            ptx_loss = policy.model(**{k: v[ptx_rows] for k, v in ptx_batch.items()}).loss
+            loss = _added(loss, cfg.ptx_coef * ptx_share * ptx_loss)
+            parts["loss/ptx"] = ptx_share * ptx_loss.item()
+    policy.step(loss, cfg.max_grad_norm, ranks)
+    return ranks.sum_metrics(parts)
 
 
-def critic_step(critic: Learner, mb: Experience, cfg: PPOConfig) -> dict[str, float]:
-    """One (optionally clipped) value-loss step on a minibatch."""
-    values = response_values(critic.model, mb)  # (b, T)
-    v_loss, metrics = value_loss(
-        values, mb.values, mb.returns, mb.response_mask, cfg.value_clip, cfg.clip_vloss
-    )
-    critic.step(cfg.vf_coef * v_loss, cfg.max_grad_norm)
-    return {"loss/value": v_loss.item(), "value/error": metrics["error"], "value/clipfrac": metrics["clipfrac"]}
+def _ptx_shard(ptx_batch: dict[str, torch.Tensor], ranks: Ranks) -> tuple[slice, float]:
+    """This rank's rows of a ptx batch and their share of its predicted tokens (the LM loss is a mean over
+    the labels after the shift)."""
+    rows = ranks.shard(len(ptx_batch["labels"]))
+    predicted = (ptx_batch["labels"][:, 1:] != -100).sum(1)  # (B,)
+    return slice(rows.start, rows.stop), int(predicted[rows.start : rows.stop].sum()) / int(predicted.sum())
+
+
+def critic_step(critic: Learner, mb: Experience, share: float, cfg: PPOConfig,
+                ranks: Ranks = Ranks()) -> dict[str, float]:
+    """One (optionally clipped) value-loss step on this rank's rows of a minibatch (see `policy_step`)."""
+    loss, parts = None, {"loss/value": 0.0, "value/error": 0.0, "value/clipfrac": 0.0}
+    if len(mb.response_ids):
+        values = response_values(critic.model, mb)  # (b, T)
+        v_loss, metrics = value_loss(
+            values, mb.values, mb.returns, mb.response_mask, cfg.value_clip, cfg.clip_vloss
+        )
+        loss = share * cfg.vf_coef * v_loss
+        parts = {"loss/value": share * v_loss.item(), "value/error": share * metrics["error"],
+                 "value/clipfrac": share * metrics["clipfrac"]}
+    critic.step(loss, cfg.max_grad_norm, ranks)
+    return ranks.sum_metrics(parts)
 
 
 def update(policy: Learner, critic: Learner, exp: Experience, cfg: PPOConfig, first_step: int, gen,
-           ptx_batches: Iterator[dict] | None = None) -> dict[str, float]:
+           ptx_batches: Iterator[dict] | None = None, ranks: Ranks = Ranks(),
+           own_rows: range | None = None) -> dict[str, float]:
     """`cfg.ppo_epochs` passes over shuffled minibatches, one critic step each, and one policy step
     once `cfg.critic_warmup_steps` critic steps are done (PPO-max: the critic learns alone first).
-    first_step: the run's optimiser steps before this update. Returns each metric averaged over the
-    minibatch steps."""
+    first_step: the run's optimiser steps before this update. exp: the whole rollout; own_rows: the
+    rows this rank steps on (all by default). Returns each metric averaged over the minibatch steps."""
     stats, step = defaultdict(list), first_step
+    own_rows = range(exp.response_ids.shape[0]) if own_rows is None else own_rows
+    tokens = exp.response_mask.sum(1)  # (B,)
     for _ in range(cfg.ppo_epochs):
         for idx in torch.randperm(exp.response_ids.shape[0], generator=gen).split(cfg.mini_batch_size):
-            mb = exp.minibatch(idx)
-            step_metrics = critic_step(critic, mb, cfg)
+            mine = idx[(idx >= own_rows.start) & (idx < own_rows.stop)]
+            mb, share = exp.minibatch(mine), int(tokens[mine].sum()) / int(tokens[idx].sum())
+            step_metrics = critic_step(critic, mb, share, cfg, ranks)
             if step >= cfg.critic_warmup_steps:
                 ptx_batch = next(ptx_batches) if ptx_batches is not None else None
-                step_metrics |= policy_step(policy, mb, cfg, ptx_batch)
+                step_metrics |= policy_step(policy, mb, share, cfg, ptx_batch, ranks)
             step += 1
             for k, v in step_metrics.items():
                 stats[k].append(v)
@@ -277,13 +339,14 @@ def iteration_metrics(exp: Experience, update_stats: dict[str, float], iteration
 
 
 def pretraining_batches(encoded: list[tuple[list[int], int]], size: int, pad_token_id: int,
-                        seed: int) -> Iterator[dict]:
+                        seed: int, device: torch.device | None = None) -> Iterator[dict]:
     """Endless LM batches (labels only on responses) over seeded shuffles of the ptx examples."""
     rng = np.random.default_rng(seed + 1)
     while True:
         order = rng.permutation(len(encoded))
         for start in range(0, len(order) - size + 1 if len(order) >= size else 1, size):
-            yield collate([encoded[i] for i in order[start : start + size]], pad_token_id)
+            batch = collate([encoded[i] for i in order[start : start + size]], pad_token_id)
+            yield {k: v.to(device) for k, v in batch.items()}
 
 
 def prompt_batches(prompts: list[str], size: int, rng: np.random.Generator) -> Iterator[list[str]]:
@@ -305,6 +368,9 @@ def train_ppo(
     ptx_examples: list[tuple[str, str]] | None = None,
     gold_fn: RewardFn | None = None,
     checkpoint_dir: str | Path | None = None,
+    rank: int = 0,
+    world_size: int = 1,
+    device: torch.device | None = None,
 ) -> tuple[nn.Module, object, list[dict[str, float]]]:
     """PPO-max fine-tuning of the policy in `policy_dir` against `reward_fn`.
 
@@ -314,18 +380,28 @@ def train_ppo(
     cfg.checkpoint_every iterations; a checkpoint found there is resumed, and the iterations it
     holds are passed to `on_iteration` again first. Returns (policy, tokenizer, history), one
     metrics dict per iteration. Deterministic for a given seed on a given machine, resumed or not.
+
+    Data parallel when world_size > 1 (torch.distributed initialised, e.g. by the ppo worker): this rank
+    samples and scores its contiguous share of each rollout's prompts, every rank gets the whole rollout,
+    and steps on its rows of each minibatch with gradients summed over ranks (see the module's docstring);
+    only rank 0 writes checkpoints. Each prompt's responses are drawn with a seed of its index in the
+    rollout (`sample_seeds`), so N ranks sample what one process samples. `device`: where the models and
+    tensors live (a worker rank's GPU); None = where the models load (CPU). The reward and gold functions
+    take this rank's rows and may return their scores on any device.
     """
     if cfg.ptx_coef > 0 and not ptx_examples:
         raise ValueError("ppo.ptx_coef > 0 needs ptx_examples (the SFT data); pass them or set ptx_coef: 0")
     torch.manual_seed(seed)
+    ranks = Ranks(rank, world_size)
+    device = device or torch.device("cpu")
     tokenizer = load_tokenizer(policy_dir)
     total_steps = cfg.iterations * cfg.steps_per_iteration
     # eval(): no dropout, so the first PPO epoch starts exactly at ratio = 1.
-    policy = Learner.build(load_policy(policy_dir).eval(), cfg.policy_lr, cfg.lr_schedule,
+    policy = Learner.build(load_policy(policy_dir).to(device).eval(), cfg.policy_lr, cfg.lr_schedule,
                            cfg.policy_lr_warmup_steps, total_steps - cfg.critic_warmup_steps)
-    reference = load_policy(policy_dir).eval().requires_grad_(False)  # frozen initial policy
+    reference = load_policy(policy_dir).to(device).eval().requires_grad_(False)  # frozen initial policy
     use_reward_model = cfg.critic_from_reward_model and critic_init_dir is not None
-    critic = Learner.build(build_critic(policy_dir, critic_init_dir if use_reward_model else None).eval(),
+    critic = Learner.build(build_critic(policy_dir, critic_init_dir if use_reward_model else None).to(device).eval(),
                            cfg.critic_lr, cfg.lr_schedule, cfg.critic_lr_warmup_steps, total_steps)
     moments = RunningMoments()
     kl_control = None if cfg.kl_target is None else AdaptiveKLController(cfg.kl_coef, cfg.kl_target, cfg.kl_horizon)
@@ -346,24 +422,29 @@ def train_ppo(
     ptx_batches = None
     if cfg.ptx_coef > 0:
         encoded = [encode_example(tokenizer, p, r) for p, r in ptx_examples]
-        ptx_batches = pretraining_batches(encoded, cfg.ptx_batch_size, tokenizer.pad_token_id, seed)
+        ptx_batches = pretraining_batches(encoded, cfg.ptx_batch_size, tokenizer.pad_token_id, seed, device)
         for _ in range(max(0, start * cfg.steps_per_iteration - cfg.critic_warmup_steps)):  # one per policy step
             next(ptx_batches)
 
+    own_prompts = ranks.shard(cfg.rollout_prompts)
+    k = cfg.responses_per_prompt
+    own_rows = range(own_prompts.start * k, own_prompts.stop * k)  # a prompt's responses are consecutive rows
     bar = tqdm(range(start, cfg.iterations), initial=start, total=cfg.iterations, disable=not progress, desc="ppo")
     for it in bar:
-        batch = [p for p in next(batches) for _ in range(cfg.responses_per_prompt)]
-        sample_seed = seed * 1_000_003 + it  # a different draw each iteration, reproducible
-        exp = rollout(policy.model, reference, critic.model, tokenizer, reward_fn, batch, cfg, sample_seed, gold_fn)
+        batch = next(batches)
+        local = rollout(policy.model, reference, critic.model, tokenizer, reward_fn,
+                        [batch[i] for i in own_prompts for _ in range(k)], cfg,
+                        [s for i in own_prompts for s in sample_seeds(seed, it, i, k)], gold_fn)
+        exp = gather_experience(local, ranks, tokenizer.pad_token_id)
         kl_coef = cfg.kl_coef if kl_control is None else kl_control.value
         exp = compute_advantages(exp, moments, cfg, kl_coef)
-        stats = update(policy, critic, exp, cfg, it * cfg.steps_per_iteration, gen, ptx_batches)
+        stats = update(policy, critic, exp, cfg, it * cfg.steps_per_iteration, gen, ptx_batches, ranks, own_rows)
         metrics = iteration_metrics(exp, stats, it) | {"objective/kl_coef": kl_coef, "lr/policy": policy.lr,
                                                         "lr/critic": critic.lr}
         if kl_control is not None:  # the next rollout's coefficient, from this one's KL
             kl_control.update(metrics["objective/kl"], n_steps=exp.response_ids.shape[0])
         history.append(metrics)
-        if checkpoint is not None and cfg.checkpoint_every and (it + 1) % cfg.checkpoint_every == 0:
+        if checkpoint is not None and rank == 0 and cfg.checkpoint_every and (it + 1) % cfg.checkpoint_every == 0:
             checkpoint.save(history, policy, critic, moments, kl_control, gen)
         bar.set_postfix({k.split("/")[-1]: f"{metrics[k]:.3g}" for k in PROGRESS_KEYS if k in metrics}, refresh=False)
         if on_iteration is not None:
@@ -385,7 +466,8 @@ class Checkpoint:
 
     def __init__(self, directory: str | Path, cfg: PPOConfig, seed: int):
         self.path = Path(directory) / "checkpoint.pt"
-        self.run = {"config": cfg.model_dump(mode="json", context=RESOLVED), "seed": seed}
+        # the number of ranks is left out: a run killed on N ranks resumes on any number
+        self.run = {"config": cfg.model_dump(mode="json", context=RESOLVED, exclude=EXECUTION_SETTINGS), "seed": seed}
 
     def exists(self) -> bool:
         return self.path.exists()
@@ -403,7 +485,7 @@ class Checkpoint:
 
     def restore(self, policy: Learner, critic: Learner, moments: RunningMoments,
                 kl_control: AdaptiveKLController | None, gen: torch.Generator) -> list[dict[str, float]]:
-        state = torch.load(self.path, weights_only=True)
+        state = torch.load(self.path, weights_only=True, map_location="cpu")
         if state["run"] != self.run:
             raise ValueError(f"{self.path} was written by another PPO run (different config or seed): "
                              "delete it to start over, or resume with the config and seed that wrote it")

@@ -1,0 +1,20 @@
+"""The reward functions PPO trains and reports with: (prompts, responses) -> one score per response."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rlhf_core import models
+from rlhf_core.reward.model import RewardModel, score_texts
+from rlhf_core.sim.world import gold_score
+
+
+def reward_scorer(reward_dir: str | Path, max_length: int):
+    """(prompts, responses) -> scores (B,), from a saved reward model (on the CPU)."""
+    model, tokenizer = RewardModel.load(reward_dir), models.load_tokenizer(reward_dir)
+    return lambda prompts, responses: score_texts(model, tokenizer, prompts, responses, max_length=max_length)
+
+
+def gold_scores(prompts: list[str], responses: list[str]) -> list[float]:
+    """The simulated world's true reward of each response: logged per iteration, never trained on."""
+    return [gold_score(p, r) for p, r in zip(prompts, responses)]
