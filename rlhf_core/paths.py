@@ -57,6 +57,11 @@ def config_paths(config) -> list[tuple[str, str]]:
             if getattr(tagger, name)]
     if config.policy_model.pretrained:
         out.append(("policy_model.pretrained", config.policy_model.pretrained))
+    if config.reward.deepspeed not in (None, "zero2"):  # else a DeepSpeed JSON file
+        out.append(("reward.deepspeed", config.reward.deepspeed))
+    evaluation = config.evaluation
+    out += [(key, path) for key, path in (("evaluation.local.model_path", evaluation.local.model_path),
+                                          ("evaluation.prompt_source", evaluation.prompt_source)) if path]
     return out
 
 

@@ -52,6 +52,14 @@ def test_every_path_field_of_a_round_config_is_checked(layout):
     cfg = parse_config({"policy_model": {"pretrained": "/etc"}})
     with pytest.raises(PathNotAllowedError, match="policy_model.pretrained"):
         check_config_paths(cfg)
+    local_judge = {"judge": "local", "local": {"model_path": "."}}
+    for key, section in (
+            ("evaluation.local.model_path", {"evaluation": {"judge": "local", "local": {"model_path": "/etc"}}}),
+            ("evaluation.prompt_source", {"evaluation": local_judge | {"prompt_set": "harmbench",
+                                                                       "prompt_source": "/etc"}}),
+            ("reward.deepspeed", {"reward": {"deepspeed": "/etc/ds.json"}})):
+        with pytest.raises(PathNotAllowedError, match=key):
+            check_config_paths(parse_config(section))
     assert check_config_paths(parse_config({"annotation": {"exports": ["data/ok.json"]}})) == {
         "annotation.exports[0]": layout / "project" / "data" / "ok.json"}
 
