@@ -774,7 +774,8 @@ def _format_errors(err: ValidationError, source: str) -> str:
         key = ".".join(str(p) for p in e["loc"]) or "<root>"
         if e["type"] == "extra_forbidden":
             lines.append(f"  {key}: unknown key (check the spelling; `rlhf schema` lists every key)")
-        elif not e["loc"]:  # a check across several keys: its message names them
+        elif not e["loc"] or (e["type"] == "value_error" and isinstance(e.get("input"), dict)):
+            # a check across keys (the whole config's or a section's validator): its message names them
             lines.append(f"  {e['msg'].removeprefix('Value error, ')}")
         elif e["loc"][-1] in SECRET_BEARING_KEYS:  # a key pasted here must not reach a log or the console
             lines.append(f"  {key}: {e['msg']} (value not shown: give the NAME of the variable that holds the key)")

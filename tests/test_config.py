@@ -35,6 +35,12 @@ def test_overrides_and_cross_field_check(tmp_path):
     assert cfg.seed == 3 and cfg.ppo.kl_coef == 0.2 and cfg.sampling.n_samples == 20
     with pytest.raises(ConfigError, match="exceeds world.n_prompts"):
         parse_config({"world": {"n_prompts": 10}, "sampling": {"n_samples": 11}})
+    # a section's own cross-key check is shown as its message alone, a wrong section type with its key
+    with pytest.raises(ConfigError) as err:
+        parse_config({"ppo": {"reward_norm": True, "reward_scaling": True}, "seed": {"a": 1}})
+    assert set(str(err.value).splitlines()[1:]) == {
+        "  ppo.reward_norm and ppo.reward_scaling are alternatives: set one of them false",
+        "  seed: Input should be a valid integer (got a mapping)"}
 
 
 def test_configs_are_frozen():
