@@ -49,8 +49,9 @@ def train_policy(ctx: RunContext, cfg: PPOConfig, policy: ArtifactRef, reward_mo
     config = {"ppo": cfg.model_dump(context=RESOLVED, exclude=EXECUTION_SETTINGS),
               "reward_max_length": reward_train.max_length, "seed": seed}
     return run_stage(ctx, stage="ppo", version=VERSION, kind="policy", config=config,
-                     inputs={"policy": policy, "reward_model": reward_model, "world": world, "sft": sft}, produce=produce,
-                     register_as="rlhf-policy", execution={"num_processes": cfg.num_processes})  # same policy
+                     inputs={"policy": policy, "reward_model": reward_model, "world": world, "sft": sft},
+                     produce=produce, register_as="rlhf-policy",
+                     execution={"num_processes": cfg.num_processes})  # the same policy on any number of ranks
 
 
 def train_on_ranks(cfg: PPOConfig, policy_dir: Path, reward_dir: Path, reward_max_length: int, prompts: list[str],

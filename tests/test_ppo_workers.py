@@ -47,7 +47,8 @@ def dirs(tmp_path_factory):
 
 def run(cfg: PPOConfig, dirs, scratch: Path):
     seen = []
-    policy, _, history = train_on_ranks(cfg, dirs[0], dirs[1], REWARD_MAX_LENGTH, PROMPTS, PTX, SEED, scratch, seen.append)
+    policy, _, history = train_on_ranks(cfg, dirs[0], dirs[1], REWARD_MAX_LENGTH, PROMPTS, PTX, SEED, scratch,
+                                        seen.append)
     assert seen == history
     return policy, history
 

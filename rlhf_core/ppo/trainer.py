@@ -155,7 +155,8 @@ def rollout(policy, reference, critic, tokenizer, reward_fn: RewardFn, prompts: 
         values=response_values(critic, sample),
         entropy=entropy_from_logits(logits),
         scores=reward_fn(prompts, sample.texts).detach().float().reshape(-1).to(device),  # (B,)
-        gold=None if gold_fn is None else torch.as_tensor(gold_fn(prompts, sample.texts)).float().reshape(-1).to(device),
+        gold=None if gold_fn is None
+        else torch.as_tensor(gold_fn(prompts, sample.texts)).float().reshape(-1).to(device),
     )
 
 

@@ -29,9 +29,10 @@ from rlhf_core.workers.ranks import finish_ranks, start_ranks, worker_parser
 
 
 def parse_args(argv: list[str] | None = None):
-    p = worker_parser(__doc__.splitlines()[0], "PPOConfig as a JSON file (resolved)")
+    p = worker_parser(__doc__.splitlines()[0], "PPOConfig as a JSON file (model_dump_json)")
     p.add_argument("--policy-dir", required=True, help="the policy PPO starts from (and its frozen reference)")
-    p.add_argument("--reward-model", required=True, help="the reward model directory: the scores and the critic's start")
+    p.add_argument("--reward-model", required=True,
+                   help="the reward model directory: the scores and the critic's start")
     p.add_argument("--reward-max-length", type=int, required=True, help="tokens the reward model reads")
     p.add_argument("--prompts", required=True, help="Parquet with a prompt column: the rollout prompt pool")
     p.add_argument("--ptx", default=None, help="Parquet of prompt, response demonstrations for the ptx loss")
