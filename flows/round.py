@@ -35,8 +35,8 @@ from tasks.evaluation import evaluate
 from tasks.generation import generate
 from tasks.iteration import stop_reason, training_pairs
 from tasks.ppo import train_policy
-from tasks.promotion import (evaluation_against_champion, lineage_tags, promote, starting_policy,
-                             tag_registered_policy)
+from tasks.promotion import (evaluation_against_champion, lineage_tags, promote, reward_model_tags,
+                             starting_policy, tag_registered_policy)
 from tasks.reward import train_reward
 from tasks.sampling import sample_prompts
 from tasks.tracking import Tracker, check_tracking_server, default_tracking_uri
@@ -235,7 +235,8 @@ def _run_stages(config: RoundConfig, stop_after: StageName | None, round_no: int
         if done("ppo", train_policy(ctx, config.ppo, policy, out["reward"], out["world"], out["sft"],
                                     config.reward.train, seed)):
             return finish_round(ctx, out)
-        tag_registered_policy(ctx, out["ppo"], lineage)  # its registered version says what it started from
+        # its registered version says what it started from and which reward model trained it
+        tag_registered_policy(ctx, out["ppo"], lineage | reward_model_tags(ctx, out["reward"]))
         done("evaluate", evaluate(ctx, config.evaluation, out["ppo"], out["sft"], out["reward"], out["world"],
                                   config.reward.train, seed))
         stop = None

@@ -20,7 +20,8 @@ from rlhf_core.config import IterationConfig, RoundConfig
 from tasks.common import RunContext, _stage_logger
 from tasks.evaluation import evaluate_vs_registered, registered_policy
 
-POLICY_MODEL, SFT_MODEL, CHAMPION = "rlhf-policy", "rlhf-sft-policy", "champion"
+POLICY_MODEL, SFT_MODEL, REWARD_MODEL, CHAMPION = "rlhf-policy", "rlhf-sft-policy", "rlhf-reward-model", "champion"
+
 
 def judged_win_rate(metrics: dict[str, float]) -> float:
     """Wins plus half the ties, over the judged prompts (Chatbot Arena's and AlpacaEval's convention):
@@ -46,11 +47,26 @@ def lineage_tags(ctx: RunContext, policy: ArtifactRef, source: str) -> dict[str,
     """rlhf.start_policy.{source,digest,model_version}: what the round's policy started from, by digest
     and by registered version (rlhf-policy/3, rlhf-sft-policy/1) when the registry holds it."""
     tags = {"rlhf.start_policy.source": source, "rlhf.start_policy.digest": policy.digest}
-    for name in (POLICY_MODEL, SFT_MODEL):
-        if (version := ctx.tracker.model_version(name, policy.digest)) is not None:
-            tags["rlhf.start_policy.model_version"] = f"{name}/{version.version}"
-            break
+    if (version := _registered_as(ctx, policy, (POLICY_MODEL, SFT_MODEL))) is not None:
+        tags["rlhf.start_policy.model_version"] = version
     return tags
+
+
+def reward_model_tags(ctx: RunContext, reward_model: ArtifactRef) -> dict[str, str]:
+    """rlhf.reward_model.{digest,model_version}: the reward model a policy was trained against (its own
+    version's tags and run lead on to the votes and annotations it learned from)."""
+    tags = {"rlhf.reward_model.digest": reward_model.digest}
+    if (version := _registered_as(ctx, reward_model, (REWARD_MODEL,))) is not None:
+        tags["rlhf.reward_model.model_version"] = version
+    return tags
+
+
+def _registered_as(ctx: RunContext, model: ArtifactRef, names: tuple[str, ...]) -> str | None:
+    """"name/version" of the first of `names` with a version registered for the model's digest, or None."""
+    for name in names:
+        if (version := ctx.tracker.model_version(name, model.digest)) is not None:
+            return f"{name}/{version.version}"
+    return None
 
 
 def tag_registered_policy(ctx: RunContext, policy: ArtifactRef, tags: dict[str, str]) -> None:

@@ -99,6 +99,9 @@ def test_a_round_started_from_the_champion_improves_that_version(rounds):
     assert new.tags["rlhf.digest"] == from_champion["artifacts"]["ppo"]["digest"]
     assert new.tags["rlhf.start_policy.model_version"] == "rlhf-policy/1"
     assert new.tags["rlhf.start_policy.digest"] == champion_digest
+    reward = client.get_model_version_by_alias("rlhf-reward-model", "candidate")  # trained in this round
+    assert reward.tags["rlhf.digest"] == from_champion["artifacts"]["reward"]["digest"]
+    assert new.tags["rlhf.reward_model.model_version"] == f"rlhf-reward-model/{reward.version}"
     # judged against the champion it started from
     assert _inputs(workdir, from_champion, "evaluate_vs_champion")["baseline"] == champion_digest
     assert "against rlhf-policy v1 (champion)" in from_champion["promotion"]["reason"]
