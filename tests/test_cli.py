@@ -114,3 +114,19 @@ def test_a_bad_whole_export_is_refused_before_any_work_naming_its_key_and_path(t
         rlhf_round.fn(config=RoundConfig(workdir=str(tmp_path / "w"),
                                          annotation={"exports": ["exports/good.jsonl", f"exports/{name}"]}))
     assert not (tmp_path / "w").exists()
+
+
+def test_the_summary_says_what_promotion_decided_and_why_iterated_rounds_stop(capsys):
+    from flows.cli import print_summary
+
+    summary = {"round": "r", "round_no": 2, "artifacts": {}, "headline": {"judged win rate vs SFT": 0.5},
+               "mlflow": {"tracking_uri": "sqlite:///m.db", "experiment": "e", "run_id": "abc"},
+               "promotion": {"reason": "rlhf-policy v2 not promoted: judged win rate 0.400"},
+               "stop": "round 2's judged win rate against round 1 is 0.400"}
+    print_summary(summary)
+    out = " ".join(capsys.readouterr().out.split())
+    assert "Promotion: rlhf-policy v2 not promoted: judged win rate 0.400" in out
+    assert "Iterated rounds stop here: round 2's judged win rate against round 1 is 0.400" in out
+    print_summary(summary | {"promotion": None, "stop": None})  # a round ended early decides neither
+    out = capsys.readouterr().out
+    assert "Promotion" not in out and "stop here" not in out
