@@ -19,15 +19,20 @@ from rlhf_core.generation.sampler import Rollout, decode_responses, response_mas
 class RowGumbelNoise(LogitsProcessor):
     """Adds each row's own Gumbel noise to its scores: (B, V) -> (B, V). Row i's t-th step draws the
     t-th V values of its stream seeded with seeds[i], whatever the batch; greedy decoding of the
-    result samples softmax(scores)."""
+    result samples softmax(scores). The streams live on the scores' device (a GPU's own generators),
+    so no noise crosses from the CPU at every step."""
 
     def __init__(self, seeds: list[int]):
-        self.generators = [torch.Generator().manual_seed(s) for s in seeds]
+        self.seeds = seeds
+        self.generators: list[torch.Generator] | None = None  # made at the first step, on the scores' device
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
-        vocab = scores.shape[1]
-        noise = torch.stack([-torch.empty(vocab).exponential_(generator=g).log() for g in self.generators])  # (B, V)
-        return scores + noise.to(scores.device, scores.dtype)  # a filtered token (-inf) stays impossible
+        device, vocab = scores.device, scores.shape[1]
+        if self.generators is None:
+            self.generators = [torch.Generator(device).manual_seed(s) for s in self.seeds]
+        noise = torch.stack([-torch.empty(vocab, device=device).exponential_(generator=g).log()
+                             for g in self.generators])  # (B, V)
+        return scores + noise.to(scores.dtype)  # a filtered token (-inf) stays impossible
 
 
 @torch.no_grad()
