@@ -23,13 +23,12 @@ os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 
 def main() -> None:
     from flows.round import rlhf_round
-    from reward_modelling import gold_oriented, rm_report
+    from reward_modelling import gold_oriented, rm_report, round_pairs
     from rlhf_core.config import DenoiseConfig, PolicyModelConfig, RoundConfig, VotingConfig
     from rlhf_core.reward.denoise import denoise
     from rlhf_core.reward.train import train_reward_model
     from rlhf_core.reward.voting import vote
-    from rlhf_core.schemas import read_table
-    from rlhf_core.sim.metrics import flip_report, gold_eval_pairs
+    from rlhf_core.sim.metrics import flip_report
 
     parser = argparse.ArgumentParser()
     parser.add_argument("--layers", type=int, required=True)
@@ -39,11 +38,8 @@ def main() -> None:
     work = Path(args.work_dir) / f"layers{args.layers}-seed{args.seed}"
     cfg = RoundConfig(seed=args.seed, workdir=str(work),
                       policy_model=PolicyModelConfig(num_hidden_layers=args.layers))
-    art = rlhf_round(config=cfg, stop_after="import_annotations")["artifacts"]
-    policy = art["sft"]["path"]
-    pairs = read_table("comparisons", Path(art["import_annotations"]["path"]) / "comparisons.parquet")
-    eval_prompts = read_table("prompts", Path(art["world"]["path"]) / "eval_prompts.parquet")["prompt"].tolist()
-    eval_pairs = gold_eval_pairs(policy, eval_prompts, seed=args.seed, samples_per_prompt=8)
+    policy, pairs, eval_pairs = round_pairs(rlhf_round(config=cfg, stop_after="import_annotations")["artifacts"],
+                                            args.seed)
 
     out = {"layers": args.layers, "seed": args.seed}
     for name, train in (("raw labels", pairs), ("gold labels", gold_oriented(pairs))):

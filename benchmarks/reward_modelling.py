@@ -88,6 +88,18 @@ def meta_samples(policy_dir, prompts: list[str], n: int, seed: int):
     return pd.DataFrame([{"prompt": p, "response": t} for texts in draws for p, t in zip(prompts, texts)])
 
 
+def round_pairs(art: dict, seed: int):
+    """(the SFT policy's path, the round's imported comparisons, held-out gold pairs of the SFT policy's
+    samples, 8 per held-out prompt) from a round's artifacts."""
+    from rlhf_core.schemas import read_table
+    from rlhf_core.sim.metrics import gold_eval_pairs
+
+    pairs = read_table("comparisons", Path(art["import_annotations"]["path"]) / "comparisons.parquet")
+    eval_prompts = read_table("prompts", Path(art["world"]["path"]) / "eval_prompts.parquet")["prompt"].tolist()
+    policy = art["sft"]["path"]
+    return policy, pairs, gold_eval_pairs(policy, eval_prompts, seed=seed, samples_per_prompt=8)
+
+
 def rm_report(model, tokenizer, eval_pairs, cfg) -> dict:
     from rlhf_core.reward.model import score_texts
     from rlhf_core.reward.train import pair_reward_diffs
@@ -106,16 +118,12 @@ def run_seed(seed: int, tmp: Path) -> dict:
     from rlhf_core.reward.denoise import denoise
     from rlhf_core.reward.train import train_reward_model
     from rlhf_core.reward.voting import vote
-    from rlhf_core.schemas import read_table
-    from rlhf_core.sim.metrics import agreement_by_strength_decile, flip_report, gold_eval_pairs
+    from rlhf_core.sim.metrics import agreement_by_strength_decile, flip_report
 
     cfg = RoundConfig(seed=seed, workdir=str(tmp / f"seed{seed}"))
     summary = rlhf_round(config=cfg)
     art = summary["artifacts"]
-    policy = art["sft"]["path"]
-    pairs = read_table("comparisons", Path(art["import_annotations"]["path"]) / "comparisons.parquet")
-    eval_prompts = read_table("prompts", Path(art["world"]["path"]) / "eval_prompts.parquet")["prompt"].tolist()
-    eval_pairs = gold_eval_pairs(policy, eval_prompts, seed=seed, samples_per_prompt=8)
+    policy, pairs, eval_pairs = round_pairs(art, seed)
     result: dict = {"seed": seed, "n_pairs": len(pairs), "n_eval_pairs": len(eval_pairs), "recipes": {},
                     "schemes": {}, "methods": {}}
 
@@ -213,16 +221,12 @@ def run_meta_shift(seed: int, workdir: Path) -> dict:
     """Section 4b: section 4 against a policy shifted further, PPO with SHIFT_PPO (the round in `workdir`)."""
     from flows.round import rlhf_round
     from rlhf_core.config import RoundConfig
-    from rlhf_core.schemas import read_table
-    from rlhf_core.sim.metrics import gold_eval_pairs
 
     cfg = RoundConfig(seed=seed, workdir=str(workdir))
     cfg = cfg.model_copy(update={"ppo": cfg.ppo.model_copy(update=SHIFT_PPO)})
     summary = rlhf_round(config=cfg, stop_after="evaluate")
     art = summary["artifacts"]
-    pairs = read_table("comparisons", Path(art["import_annotations"]["path"]) / "comparisons.parquet")
-    eval_prompts = read_table("prompts", Path(art["world"]["path"]) / "eval_prompts.parquet")["prompt"].tolist()
-    eval_pairs = gold_eval_pairs(art["sft"]["path"], eval_prompts, seed=seed, samples_per_prompt=8)
+    _, pairs, eval_pairs = round_pairs(art, seed)
     headline = summary.get("headline", {})
     return meta_section(art, pairs, eval_pairs, cfg, seed) | {
         "kl": headline.get("KL(new policy || SFT)"), "gold_sft": headline.get("gold score, SFT"),
@@ -243,15 +247,11 @@ def run_scarce(seed: int, workdir: Path) -> dict:
     from rlhf_core.reward.denoise import denoise
     from rlhf_core.reward.train import pair_reward_diffs, train_reward_model
     from rlhf_core.reward.voting import vote
-    from rlhf_core.schemas import read_table
-    from rlhf_core.sim.metrics import accuracy_by_pair_type, flip_report, gold_eval_pairs
+    from rlhf_core.sim.metrics import accuracy_by_pair_type, flip_report
 
     cfg = RoundConfig(seed=seed, workdir=str(workdir))
     art = rlhf_round(config=cfg, stop_after="import_annotations")["artifacts"]
-    policy = art["sft"]["path"]
-    pairs = read_table("comparisons", Path(art["import_annotations"]["path"]) / "comparisons.parquet")
-    eval_prompts = read_table("prompts", Path(art["world"]["path"]) / "eval_prompts.parquet")["prompt"].tolist()
-    eval_pairs = gold_eval_pairs(policy, eval_prompts, seed=seed, samples_per_prompt=8)
+    policy, pairs, eval_pairs = round_pairs(art, seed)
     out = {}
     for fraction in SCARCE_FRACTIONS:
         rng = np.random.default_rng([seed, int(fraction * 1000)])
