@@ -24,7 +24,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, BinaryIO, Callable, Iterator
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 MANIFEST = "manifest.json"
 
@@ -34,9 +34,9 @@ class ArtifactRef(BaseModel):
 
     model_config = ConfigDict(frozen=True)
 
-    kind: str
-    digest: str
-    path: str
+    kind: str = Field(description="what the artifact holds: prompts, responses, comparisons, votes, policy, ...")
+    digest: str = Field(description="sha256 of its content (the store's directory name)")
+    path: str = Field(description="its directory, under the workdir's artifacts/{kind}/{digest}")
 
     def file(self, name: str) -> Path:
         return Path(self.path) / name

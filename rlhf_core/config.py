@@ -36,7 +36,9 @@ class WorldConfig(StrictModel):
     max_operand: int = Field(
         4, ge=1, le=9, description="operands are 0..max_operand: small enough that a tiny RM can verify answers"
     )
-    operations: tuple[Literal["+", "-", "*"], ...] = Field(("+", "-"), min_length=1)
+    operations: tuple[Literal["+", "-", "*"], ...] = Field(
+        ("+", "-"), min_length=1, description="the arithmetic operations the world's prompts ask about"
+    )
     demo_correct_prob: float = Field(0.55, ge=0, le=1, description="demonstrator gives the right number")
     demo_style_prob: float = Field(0.5, ge=0, le=1, description="demonstrator follows each style tag")
     n_annotators: int = Field(6, ge=1, description="simulated crowd size")
@@ -59,12 +61,12 @@ class PolicyModelConfig(StrictModel):
     architecture fields), or a pretrained Hugging Face directory (`pretrained`, e.g. SmolLM2 made
     by `rlhf convert-gguf`), fine-tuned with its own tokenizer and chat template."""
 
-    hidden_size: int = 64
-    intermediate_size: int = 192
-    num_hidden_layers: int = 2
-    num_attention_heads: int = 4
-    num_key_value_heads: int = 2
-    max_position_embeddings: int = 128
+    hidden_size: int = Field(64, description="tiny Qwen2: width of the residual stream (Qwen2Config.hidden_size)")
+    intermediate_size: int = Field(192, description="tiny Qwen2: width of the MLP (Qwen2Config.intermediate_size)")
+    num_hidden_layers: int = Field(2, description="tiny Qwen2: transformer blocks")
+    num_attention_heads: int = Field(4, description="tiny Qwen2: query heads")
+    num_key_value_heads: int = Field(2, description="tiny Qwen2: key/value heads (grouped-query attention)")
+    max_position_embeddings: int = Field(128, description="tiny Qwen2: longest prompt + response, in tokens")
     pretrained: str | None = Field(
         None,
         description="local Hugging Face model directory to fine-tune instead of the tiny Qwen2 (the architecture "
@@ -73,10 +75,13 @@ class PolicyModelConfig(StrictModel):
 
 
 class SFTConfig(StrictModel):
-    demos_per_prompt: int = Field(3, ge=1)
-    steps: int = Field(1200, ge=1)
-    batch_size: int = Field(32, ge=1)
-    lr: float = Field(3e-3, gt=0)
+    """Supervised fine-tuning of the policy on the simulated world's demonstrations (round 1's SFT policy,
+    the reference of every round's KL penalty and judging)."""
+
+    demos_per_prompt: int = Field(3, ge=1, description="demonstrations drawn per prompt of the world's pool")
+    steps: int = Field(1200, ge=1, description="optimiser steps")
+    batch_size: int = Field(32, ge=1, description="demonstrations per step")
+    lr: float = Field(3e-3, gt=0, description="AdamW learning rate")
 
 
 # ---------------------------------------------------------------- stages
@@ -314,13 +319,13 @@ class RewardTrainConfig(StrictModel):
         "end_token+weighted_logprob: each token's log-prob weighted by a + u . h (learned, u from 0), so the "
         "tokens that carry correctness can count more (docs/reward-modelling.md)",
     )
-    epochs: int = Field(2, ge=1)
-    batch_size: int = Field(16, ge=1)
+    epochs: int = Field(2, ge=1, description="passes over the training pairs")
+    batch_size: int = Field(16, ge=1, description="pairs per optimiser step (the global batch over all ranks)")
     lr: float = Field(1e-4, gt=0, description="learning rate of the backbone (small: it keeps what it knows)")
     head_lr: float | None = Field(
         3e-3, gt=0, description="learning rate of the fresh head and the log-likelihood weight; None = lr"
     )
-    weight_decay: float = Field(0.0, ge=0)
+    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay")
     max_grad_norm: float = Field(1.0, gt=0, description="global gradient clipping")
     max_length: int = Field(96, ge=8, description="prompt + response tokens; longer is truncated from the left")
     label_smoothing: float = Field(
@@ -331,15 +336,19 @@ class RewardTrainConfig(StrictModel):
         0.0, ge=0, description="Secrets of RLHF I: weight beta of the LM (imitation) loss on the chosen response; "
         "needs a tied LM head (0 = off)",
     )
-    contrastive: ContrastiveConfig = Field(default_factory=ContrastiveConfig)
-    meta: MetaRMConfig = Field(default_factory=MetaRMConfig)
+    contrastive: ContrastiveConfig = Field(
+        default_factory=ContrastiveConfig, description="optional SimCSE contrastive loss (Secrets of RLHF II)"
+    )
+    meta: MetaRMConfig = Field(default_factory=MetaRMConfig, description="optional MetaRM meta-step (Secrets of RLHF II)")
 
 
 class VotingConfig(StrictModel):
     """Preference strength: M reward models on the same pairs, different seeds and data orders."""
 
     n_models: int = Field(10, ge=2, description="M, the ensemble size (Secrets of RLHF II: 10)")
-    train: RewardTrainConfig = RewardTrainConfig(epochs=1)
+    train: RewardTrainConfig = Field(
+        RewardTrainConfig(epochs=1), description="how each of the M voters is trained (one epoch by default)"
+    )
     mode: Literal["faithful", "fast"] = Field(
         "faithful", description="faithful: M full reward models (the paper); fast: M heads over one shared trunk, one "
         "forward pass per batch, each head with its own bootstrap weights (about the cost of one reward model)",
@@ -409,7 +418,9 @@ REWARD_DATA_PARALLEL_LIMITS = (
 
 
 class RewardConfig(StrictModel):
-    train: RewardTrainConfig = RewardTrainConfig()
+    """The round's reward model, trained on the denoised pairs (what PPO optimises against)."""
+
+    train: RewardTrainConfig = Field(RewardTrainConfig(), description="the reward model's training recipe")
     compare_baseline: bool = Field(
         True, description="simulated world only: also train the same recipe on the raw labels and report its gold "
         "accuracy beside the denoised model's (what voting + denoising bought)",
@@ -486,18 +497,18 @@ class PPOConfig(StrictModel):
     )
     policy_lr_warmup_steps: int = Field(0, ge=0, description="linear lr warm-up, in policy optimiser steps")
     critic_lr_warmup_steps: int = Field(0, ge=0, description="linear lr warm-up, in critic optimiser steps")
-    max_new_tokens: int = Field(24, ge=1)
-    temperature: float = Field(1.0, gt=0)
+    max_new_tokens: int = Field(24, ge=1, description="rollout response length cap in tokens")
+    temperature: float = Field(1.0, gt=0, description="rollout sampling temperature")
     top_p: float = Field(0.9, gt=0, le=1, description="nucleus sampling (Qwen: 0.9 gives better evaluations than 1.0)")
     kl_coef: float | None = Field(
         None, ge=0, description="token-level KL penalty against the reference (SFT) (Part I: token-level KL "
         "penalty; Qwen: 0.04)" + _preset_note("kl_coef"),
     )
     kl_estimator: Literal["k1", "k3"] = Field("k1", description="k1 = log ratio (Part I); k3 = Schulman's, >= 0")
-    gamma: float = Field(1.0, ge=0, le=1)
+    gamma: float = Field(1.0, ge=0, le=1, description="GAE discount (1 = undiscounted, as in Part I)")
     lam: float = Field(0.95, ge=0, le=1, description="GAE lambda")
     clip_coef: float = Field(0.2, gt=0, description="policy ratio clip")
-    vf_coef: float = Field(0.5, ge=0)
+    vf_coef: float = Field(0.5, ge=0, description="weight of the value loss (CleanRL: 0.5)")
     clip_vloss: bool | None = Field(
         None, description="value-loss clipping (Part I: value function loss clipping)" + _preset_note("clip_vloss")
     )
@@ -539,7 +550,7 @@ class PPOConfig(StrictModel):
         None, ge=0, description="weight of the LM loss on pretraining/SFT data mixed into the policy loss (0 = off; "
         "Part I and Qwen: pretrain gradients against the alignment tax)" + _preset_note("ptx_coef"),
     )
-    ptx_batch_size: int = Field(16, ge=1)
+    ptx_batch_size: int = Field(16, ge=1, description="pretraining/SFT sequences per ptx loss step")
     checkpoint_every: int = Field(
         10, ge=0, description="iterations between checkpoints (policy, critic, optimisers, reward moments, RNG "
         "states); a killed stage resumes from the last one. 0 = off",
@@ -668,8 +679,8 @@ class EvalConfig(StrictModel):
     cache_file: str = Field("cache/judgements.sqlite", description="http/local: SQLite judgement cache, relative "
                             "to the workdir; a re-run sends no request twice")
     bootstrap_samples: int = Field(1000, ge=100, description="bootstrap resamples for the 95 % intervals")
-    http: HTTPJudgeConfig = HTTPJudgeConfig()
-    local: LocalJudgeConfig = LocalJudgeConfig()
+    http: HTTPJudgeConfig = Field(HTTPJudgeConfig(), description="judge http: the OpenAI-compatible server")
+    local: LocalJudgeConfig = Field(LocalJudgeConfig(), description="judge local: the transformers model")
 
     @model_validator(mode="after")
     def _check_judge(self) -> EvalConfig:
@@ -719,27 +730,38 @@ class IterationConfig(StrictModel):
 
 
 class RoundConfig(StrictModel):
-    """One RLHF round: sample -> generate -> annotate -> vote -> denoise -> reward -> PPO -> evaluate."""
+    """One RLHF round: sample -> generate -> annotate -> vote -> denoise -> reward -> PPO -> evaluate.
 
-    name: str = "demo"
-    seed: int = 0
+    What a user changes from round to round comes first (name, seed, where it runs and tracks, the
+    annotation exports, how it follows the other rounds); the stage sections follow in pipeline order.
+    """
+
+    name: str = Field("demo", description="the round's name: its MLflow run (round-{name}-{round_no}) and Prefect "
+                      "artifacts are named after it")
+    seed: int = Field(0, description="seed of every stage (round k of iterated rounds samples with seed + k - 1)")
     workdir: str = Field("rlhf-runs", description="artifact store and run files; relative to the cwd")
     tracking_uri: str | None = Field(None, description="MLflow URI; default sqlite:///{workdir}/mlflow.db")
-    experiment: str = "rlhf"
-    world: WorldConfig = WorldConfig()
-    policy_model: PolicyModelConfig = PolicyModelConfig()
-    sft: SFTConfig = SFTConfig()
-    sampling: SamplingConfig = SamplingConfig()
-    generation: GenerationConfig = GenerationConfig()
-    annotation: AnnotationConfig = AnnotationConfig()
-    voting: VotingConfig = VotingConfig()
-    denoise: DenoiseConfig = DenoiseConfig()
-    reward: RewardConfig = RewardConfig()
+    experiment: str = Field("rlhf", description="MLflow experiment of the round's runs")
+    annotation: AnnotationConfig = Field(
+        AnnotationConfig(), description="the annotation exports this round imports (none: the simulated annotators)"
+    )
+    iteration: IterationConfig = Field(
+        IterationConfig(), description="the policy the round starts from, the pairs it learns from, promotion and "
+        "when iterated rounds stop"
+    )
+    world: WorldConfig = Field(WorldConfig(), description="the embedded simulated world (prompts, gold, annotators)")
+    policy_model: PolicyModelConfig = Field(PolicyModelConfig(), description="the policy SFT starts from")
+    sft: SFTConfig = Field(SFTConfig(), description="supervised fine-tuning of the policy")
+    sampling: SamplingConfig = Field(SamplingConfig(), description="stage sample: InsTag selection of prompts")
+    generation: GenerationConfig = Field(GenerationConfig(), description="stage generate: models and strategies")
+    voting: VotingConfig = Field(VotingConfig(), description="stage vote: preference strength from M reward models")
+    denoise: DenoiseConfig = Field(DenoiseConfig(), description="stage denoise: flips, soft labels and margins")
+    reward: RewardConfig = Field(RewardConfig(), description="stage reward: the reward model PPO optimises against")
     # PPO-max as the papers give it, with the policy learning rate scaled to the tiny model: 1e-5 gave
     # the best held-out gold of 3e-6..3e-4 (docs/ppo-max.md, section 5); Qwen uses 1e-6 at 7B.
-    ppo: PPOConfig = PPOConfig(iterations=60, policy_lr=1e-5)
-    evaluation: EvalConfig = EvalConfig()
-    iteration: IterationConfig = IterationConfig()
+    ppo: PPOConfig = Field(PPOConfig(iterations=60, policy_lr=1e-5), description="stage ppo: PPO-max (Secrets of "
+                           "RLHF Part I)")
+    evaluation: EvalConfig = Field(EvalConfig(), description="stage evaluate: pairwise judging of the new policy")
 
     @model_validator(mode="after")
     def _check_sizes(self) -> "RoundConfig":
