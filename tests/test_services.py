@@ -1,13 +1,18 @@
 """infra/services.sh: the shared services start on loopback ports, the worker inherits the tracking
-URI, and `stop` leaves no process of theirs behind."""
+URI, a deployment from prefect.yaml runs through the worker and logs to the MLflow server, and `stop`
+leaves no process of theirs behind. One start for the module (the MLflow server takes ~30 s to answer)."""
 
+import json
 import os
 import socket
 import subprocess
 import time
+import urllib.parse
+import urllib.request
 from pathlib import Path
 
 import pytest
+import yaml
 
 ROOT = Path(__file__).parents[1]
 
@@ -37,23 +42,88 @@ def _group_alive(pgid: int) -> bool:
         return False
 
 
-@pytest.mark.skipif(not Path("/proc").exists(), reason="reads /proc")
-def test_start_status_stop(tmp_path):
-    env = {**os.environ, "RLHF_SERVICES_DIR": str(tmp_path), "PREFECT_PORT": str(_free_port()),
-           "MLFLOW_PORT": str(_free_port())}
+@pytest.fixture(scope="module")
+def services(tmp_path_factory):
+    """The three services started by infra/services.sh on free loopback ports; stopped at the end."""
+    state = tmp_path_factory.mktemp("services")
+    data = tmp_path_factory.mktemp("data")  # config files and workdirs the worker's flow runs may use
+    env = {**os.environ, "RLHF_SERVICES_DIR": str(state), "PREFECT_PORT": str(_free_port()),
+           "MLFLOW_PORT": str(_free_port()), "RLHF_ALLOWED_ROOTS": str(data),
+           "PREFECT_WORKER_QUERY_SECONDS": "2"}  # the worker polls every 2 s, not 10
     run = lambda *args: subprocess.run(["bash", str(ROOT / "infra" / "services.sh"), *args], env=env,  # noqa: E731
                                        capture_output=True, text=True, timeout=240)
     started = run("start")
     try:
         assert started.returncode == 0, started.stderr + started.stdout
-        assert f"export MLFLOW_TRACKING_URI=http://127.0.0.1:{env['MLFLOW_PORT']}" in started.stdout
-        pids = {name: int((tmp_path / f"{name}.pid").read_text()) for name in ("prefect", "mlflow", "worker")}
-        assert _environ(pids["worker"], "MLFLOW_TRACKING_URI").get("MLFLOW_TRACKING_URI") == f"http://127.0.0.1:{env['MLFLOW_PORT']}"
-        assert all(os.getpgid(pid) == pid for pid in pids.values())  # each leads its own group
-        status = run("status").stdout
-        assert all(f"{name}: running (pid {pid}" in status for name, pid in pids.items())
-        assert run("start").returncode == 1  # a second start refuses rather than doubling the services
+        yield {"env": env, "dir": state, "data": data, "run": run, "stdout": started.stdout}
     finally:
         run("stop")
+
+
+def _http_json(url: str, body: dict | None = None) -> dict:
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"},
+                                     method="GET" if body is None else "POST")
+    with urllib.request.urlopen(request, timeout=30) as response:
+        return json.loads(response.read())
+
+
+@pytest.mark.skipif(not Path("/proc").exists(), reason="reads /proc")
+def test_a_deployment_from_prefect_yaml_runs_through_the_worker_and_logs_to_the_mlflow_server(services):
+    env, data = services["env"], services["data"]
+    prefect_api = f"http://127.0.0.1:{env['PREFECT_PORT']}/api"
+    mlflow_api = f"http://127.0.0.1:{env['MLFLOW_PORT']}/api/2.0/mlflow"
+    deploy_env = {**env, "PREFECT_API_URL": prefect_api, "PREFECT_HOME": str(services["dir"] / "prefect"),
+                  "RLHF_REPO_DIR": str(ROOT)}
+    deployed = subprocess.run([str(ROOT / ".venv" / "bin" / "prefect"), "--no-prompt", "deploy", "--all"], cwd=ROOT,
+                              env=deploy_env, capture_output=True, text=True, timeout=180)
+    assert deployed.returncode == 0, deployed.stdout + deployed.stderr
+
+    # the miniature round, smaller still, in a workdir of its own, given as a config file
+    config = yaml.safe_load((ROOT / "configs" / "mini.yaml").read_text())
+    config |= {"name": "deployed", "workdir": str(data / "work"), "ppo": config["ppo"] | {"iterations": 2}}
+    (data / "round.yaml").write_text(yaml.safe_dump(config))
+    deployment = _http_json(f"{prefect_api}/deployments/name/rlhf-round/from-file")
+    flow_run = _http_json(f"{prefect_api}/deployments/{deployment['id']}/create_flow_run",
+                          {"parameters": {"config_path": str(data / "round.yaml")}})
+    deadline = time.time() + 480
+    while (state := _http_json(f"{prefect_api}/flow_runs/{flow_run['id']}")["state"])["type"] not in {
+            "COMPLETED", "FAILED", "CRASHED", "CANCELLED"} and time.time() < deadline:
+        time.sleep(3)
+    worker_log = (services["dir"] / "worker.log").read_text()[-3000:]
+    assert state["type"] == "COMPLETED", f"{state}\n{worker_log}"
+
+    # the result, read from the MLflow server over its REST API
+    experiment = _http_json(f"{mlflow_api}/experiments/get-by-name?"
+                            + urllib.parse.urlencode({"experiment_name": "rlhf"}))["experiment"]
+    runs = _http_json(f"{mlflow_api}/runs/search", {
+        "experiment_ids": [experiment["experiment_id"]],
+        "filter": f"tags.`prefect.flow_run_id` = '{flow_run['id']}'", "max_results": 100})["runs"]
+    tags = {r["info"]["run_id"]: {t["key"]: t["value"] for t in r["data"].get("tags", [])} for r in runs}
+    metrics = {r["info"]["run_id"]: {m["key"]: m["value"] for m in r["data"].get("metrics", [])} for r in runs}
+    parents = [r for r in runs if "mlflow.parentRunId" not in tags[r["info"]["run_id"]]]
+    assert len(parents) == 1 and parents[0]["info"]["status"] == "FINISHED"
+    parent_id = parents[0]["info"]["run_id"]
+    assert tags[parent_id]["rlhf.round"] == "deployed"
+    stages = {tags[r["info"]["run_id"]]["rlhf.stage"]: r["info"]["run_id"] for r in runs
+              if tags[r["info"]["run_id"]].get("mlflow.parentRunId") == parent_id}
+    assert set(stages) >= {"world", "sft", "sample", "generate", "vote", "reward", "ppo", "evaluate"}
+    win_rate = metrics[stages["evaluate"]]["eval/judge/win_rate"]
+    assert 0.0 <= win_rate <= 1.0 and metrics[parent_id]["headline/eval/judge/win_rate"] == win_rate
+    # 8 prompts judged in both orders: a win rate is a multiple of 1/8
+    assert abs(win_rate * 8 - round(win_rate * 8)) < 1e-9
+
+
+@pytest.mark.skipif(not Path("/proc").exists(), reason="reads /proc")
+def test_start_status_stop(services):
+    env, state, run = services["env"], services["dir"], services["run"]
+    assert f"export MLFLOW_TRACKING_URI=http://127.0.0.1:{env['MLFLOW_PORT']}" in services["stdout"]
+    pids = {name: int((state / f"{name}.pid").read_text()) for name in ("prefect", "mlflow", "worker")}
+    assert _environ(pids["worker"], "MLFLOW_TRACKING_URI").get("MLFLOW_TRACKING_URI") == f"http://127.0.0.1:{env['MLFLOW_PORT']}"
+    assert all(os.getpgid(pid) == pid for pid in pids.values())  # each leads its own group
+    status = run("status").stdout
+    assert all(f"{name}: running (pid {pid}" in status for name, pid in pids.items())
+    assert run("start").returncode == 1  # a second start refuses rather than doubling the services
+    run("stop")
     assert not any(_group_alive(pid) for pid in pids.values())  # the worker (and its children) too
     assert "worker: stopped" in run("status").stdout
