@@ -24,23 +24,20 @@ from prefect.runtime import flow_run
 
 import rlhf_core
 from flows.cli import load_round_config
+from flows.stages import HEAVY_STAGES
 from rlhf_core.artifacts import ArtifactRef, ArtifactStore
 from rlhf_core.config import RESOLVED, ConfigError, RoundConfig, config_digest, load_config
 from rlhf_core.annotation.importer import check_exports
 from rlhf_core.paths import allowed_roots, check_config_paths, resolve_allowed
 from tasks.annotation import collect_annotations, import_annotations
 from tasks.common import RunContext, code_version, lock_workdir, publish_markdown
-from tasks.denoise import denoise_pairs
 from tasks.evaluation import evaluate
 from tasks.generation import generate
 from tasks.iteration import stop_reason, training_pairs
-from tasks.ppo import train_policy
 from tasks.promotion import (evaluation_against_champion, lineage_tags, promote, reward_model_tags,
                              starting_policy, tag_registered_policy)
-from tasks.reward import train_reward
 from tasks.sampling import sample_prompts
 from tasks.tracking import Tracker, check_tracking_server, default_tracking_uri
-from tasks.voting import vote_strength
 from tasks.world import build_world, train_sft_policy
 
 # The numbers a person wants first: (stage, metric) read from the stages' manifests after the round.
@@ -77,8 +74,9 @@ def headline_metric(stage: str, key: str) -> str:
     return f"headline/{stage}/{key}" if stage.startswith("evaluate_vs_") else f"headline/{key}"
 
 
-def open_round(config: RoundConfig, round_no: int = 1) -> RunContext:
-    """Create the round's parent MLflow run, tagged with the Prefect flow run."""
+def open_round(config: RoundConfig, round_no: int = 1, run_name: str | None = None) -> RunContext:
+    """Create the round's parent MLflow run (named `run_name`, default round-{name}-{round_no}), tagged with the
+    Prefect flow run."""
     workdir = Path(config.workdir).resolve()
     uri = config.tracking_uri or default_tracking_uri(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
@@ -95,7 +93,7 @@ def open_round(config: RoundConfig, round_no: int = 1) -> RunContext:
         "prefect.flow_run_name": str(flow_run.name or ""),
         "prefect.flow_run_url": str(flow_run.ui_url or ""),
     }
-    parent = tracker.start_run(f"round-{config.name}-{round_no}", tags)
+    parent = tracker.start_run(run_name or f"round-{config.name}-{round_no}", tags)
     tracker.log_params(parent, config.model_dump(mode="json", context=RESOLVED))  # preset switches as values
     return RunContext(workdir=str(workdir), tracking_uri=uri, experiment=config.experiment, parent_run_id=parent,
                       round_name=config.name, round_no=round_no, flow_run_id=flow_run_id)
@@ -114,15 +112,16 @@ def close_what_killed_rounds_left(workdir: Path, tracker: Tracker) -> None:
 
 
 def crash_killed_flow_runs(workdir: Path) -> int:
-    """Mark CRASHED the rlhf-round flow runs of `workdir` (their config's) still RUNNING, but this one.
+    """Mark CRASHED the rlhf-round and rlhf-stage flow runs of `workdir` (their config's) still RUNNING, but this
+    one.
 
     Called under the workdir's lock, so no live round owns them: a killed process left them so.
     """
     running = FlowRunFilter(state=FlowRunFilterState(type=FlowRunFilterStateType(any_=[StateType.RUNNING])))
     crashed = 0
     with get_client(sync_client=True) as client:
-        for run in client.read_flow_runs(flow_filter=FlowFilter(name=FlowFilterName(any_=["rlhf-round"])),
-                                         flow_run_filter=running):
+        flows = FlowFilter(name=FlowFilterName(any_=["rlhf-round", "rlhf-stage"]))
+        for run in client.read_flow_runs(flow_filter=flows, flow_run_filter=running):
             run_workdir = _workdir_of(run.parameters)
             if str(run.id) == str(flow_run.id) or run_workdir is None or Path(run_workdir).resolve() != workdir:
                 continue
@@ -145,6 +144,16 @@ def resolve_round_config(config: RoundConfig, config_path: str | None) -> RoundC
                           "not both: reset the form's config to its defaults, or clear config_path")
     path = resolve_allowed(config_path, "config_path", allowed_roots())
     return load_round_config(path)
+
+
+def checked_round_config(config: RoundConfig, config_path: str | None) -> RoundConfig:
+    """The round's config (the form's or the file's), refused before any work when a file it names is missing or
+    outside the allowed roots, an annotation export is unreadable, or the tracking server does not answer."""
+    config = resolve_round_config(config, config_path)
+    check_config_paths(config)  # every file the config names, before anything is created
+    check_exports(config.annotation)  # and every annotation export readable as one
+    check_tracking_server(config.tracking_uri or default_tracking_uri(Path(config.workdir).resolve()))
+    return config
 
 
 def _workdir_of(parameters: dict[str, Any]) -> str | None:
@@ -184,10 +193,7 @@ def rlhf_round(config: RoundConfig = RoundConfig(), stop_after: StageName | None
         earlier_pairs: the comparison pairs of the rounds before (the previous round's accumulation, or round
             1's pairs); with iteration.pairs accumulate, this round votes on and trains with them and its own.
     """
-    config = resolve_round_config(config, config_path)
-    check_config_paths(config)  # every file the config names, before anything is created
-    check_exports(config.annotation)  # and every annotation export readable as one
-    check_tracking_server(config.tracking_uri or default_tracking_uri(Path(config.workdir).resolve()))
+    config = checked_round_config(config, config_path)
     with lock_workdir(config.workdir):  # one round at a time per workdir (its store, scratch and mlflow.db)
         return _run_stages(config, stop_after, round_no, start_policy, earlier_pairs)
 
@@ -223,22 +229,14 @@ def _run_stages(config: RoundConfig, stop_after: StageName | None, round_no: int
         pairs = out["import_annotations"]  # what the reward models learn from: this round's pairs, or rounds 1..k's
         if (accumulated := training_pairs(ctx, config.iteration, pairs, earlier_pairs, round_no)) is not None:
             pairs = out["accumulate_pairs"] = accumulated
-        if done("vote", vote_strength(ctx, config.voting, pairs, out["sft"], seed, simulated)):
-            return finish_round(ctx, out)
-        if done("denoise", denoise_pairs(ctx, config.denoise, pairs, out["vote"], simulated)):
-            return finish_round(ctx, out)
-        if done("reward", train_reward(ctx, config.reward, out["denoise"], pairs, out["sft"],
-                                       out["world"], seed, simulated, config.world.max_operand,
-                                       tuple(config.world.operations),
-                                       responses=out["generate"] if config.reward.train.meta.enabled else None)):
-            return finish_round(ctx, out)
-        if done("ppo", train_policy(ctx, config.ppo, policy, out["reward"], out["world"], out["sft"],
-                                    config.reward.train, seed)):
-            return finish_round(ctx, out)
+        inputs = out | {"pairs": pairs, "policy": policy}  # the heavy stages' inputs by name (flows/stages.py)
+        for stage in ("vote", "denoise", "reward", "ppo"):
+            inputs[stage] = HEAVY_STAGES[stage].call(ctx, config, inputs, seed, simulated)
+            if done(stage, inputs[stage]):
+                return finish_round(ctx, out)
         # its registered version says what it started from and which reward model trained it
         tag_registered_policy(ctx, out["ppo"], lineage | reward_model_tags(ctx, out["reward"]))
-        done("evaluate", evaluate(ctx, config.evaluation, out["ppo"], out["sft"], out["reward"], out["world"],
-                                  config.reward.train, seed))
+        done("evaluate", HEAVY_STAGES["evaluate"].call(ctx, config, inputs, seed, simulated))
         stop = None
         if start_policy is not None:  # round k is also judged against round k - 1 (stage evaluate_vs_previous)
             out["evaluate_vs_previous"] = evaluate(ctx, config.evaluation, out["ppo"], start_policy, out["reward"],

@@ -14,8 +14,9 @@ import pytest
 from prefect.utilities.callables import parameter_schema
 
 from flows.round import rlhf_round, rlhf_rounds
+from flows.stages import rlhf_stage
 
-FLOWS = [rlhf_round, rlhf_rounds]
+FLOWS = [rlhf_round, rlhf_rounds, rlhf_stage]
 
 # What an HTML renderer takes for the start of a tag: `<` then a letter, `/`, `!` or `?` ("mean < 0" is kept).
 HTML_TAG = re.compile(r"<[A-Za-z/!?]")

@@ -1,0 +1,169 @@
+"""The heavy stages (vote, denoise, reward, ppo, evaluate) as the round calls them, and `rlhf-stage`, the flow
+that runs one of them alone on chosen input artifacts.
+
+One code path: `rlhf_round` and `rlhf_stage` both call a stage through HEAVY_STAGES, with its inputs by name.
+An input is named after the round's stage that makes it ("sft", "world", "vote", ...), except "pairs" (the
+comparisons the reward models learn from) and "policy" (the policy PPO improves).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Literal, get_args
+
+from prefect import flow, get_run_logger
+
+import rlhf_core
+from rlhf_core.artifacts import MANIFEST, ArtifactRef, ArtifactStore, Manifest
+from rlhf_core.config import ConfigError, RoundConfig
+from rlhf_core.paths import allowed_roots, resolve_allowed
+from tasks.common import RunContext, lock_workdir
+from tasks.denoise import denoise_pairs
+from tasks.evaluation import evaluate
+from tasks.ppo import train_policy
+from tasks.promotion import starting_policy
+from tasks.reward import train_reward
+from tasks.voting import vote_strength
+
+Inputs = dict[str, ArtifactRef]
+
+
+@dataclass(frozen=True)
+class HeavyStage:
+    """How the round calls one heavy stage: the artifact kind of each input it reads, and the call."""
+
+    inputs: dict[str, str]
+    call: Callable[[RunContext, RoundConfig, Inputs, int, bool], ArtifactRef]
+
+    def inputs_for(self, config: RoundConfig) -> dict[str, str]:
+        """The inputs this config makes it read: MetaRM's meta step also reads the generated responses."""
+        if self.call is _reward and config.reward.train.meta.enabled:
+            return self.inputs | {"generate": "responses"}
+        return self.inputs
+
+
+def _vote(ctx: RunContext, config: RoundConfig, a: Inputs, seed: int, simulated: bool) -> ArtifactRef:
+    return vote_strength(ctx, config.voting, a["pairs"], a["sft"], seed, simulated)
+
+
+def _denoise(ctx: RunContext, config: RoundConfig, a: Inputs, seed: int, simulated: bool) -> ArtifactRef:
+    return denoise_pairs(ctx, config.denoise, a["pairs"], a["vote"], simulated)
+
+
+def _reward(ctx: RunContext, config: RoundConfig, a: Inputs, seed: int, simulated: bool) -> ArtifactRef:
+    return train_reward(ctx, config.reward, a["denoise"], a["pairs"], a["sft"], a["world"], seed, simulated,
+                        config.world.max_operand, tuple(config.world.operations),
+                        responses=a["generate"] if config.reward.train.meta.enabled else None)
+
+
+def _ppo(ctx: RunContext, config: RoundConfig, a: Inputs, seed: int, simulated: bool) -> ArtifactRef:
+    return train_policy(ctx, config.ppo, a["policy"], a["reward"], a["world"], a["sft"], config.reward.train, seed)
+
+
+def _evaluate(ctx: RunContext, config: RoundConfig, a: Inputs, seed: int, simulated: bool) -> ArtifactRef:
+    return evaluate(ctx, config.evaluation, a["ppo"], a["sft"], a["reward"], a["world"], config.reward.train, seed)
+
+
+HEAVY_STAGES: dict[str, HeavyStage] = {
+    "vote": HeavyStage({"pairs": "comparisons", "sft": "policy"}, _vote),
+    "denoise": HeavyStage({"pairs": "comparisons", "vote": "votes"}, _denoise),
+    "reward": HeavyStage({"denoise": "denoised", "pairs": "comparisons", "sft": "policy", "world": "prompts"},
+                         _reward),
+    "ppo": HeavyStage({"policy": "policy", "reward": "reward_model", "world": "prompts", "sft": "policy"}, _ppo),
+    "evaluate": HeavyStage({"ppo": "policy", "sft": "policy", "reward": "reward_model", "world": "prompts"},
+                           _evaluate),
+}
+HeavyStageName = Literal["vote", "denoise", "reward", "ppo", "evaluate"]
+assert set(get_args(HeavyStageName)) == set(HEAVY_STAGES)
+
+# The round's stages in the order they run: an input the flow is not given comes from the round run up to
+# the stage that makes it (served from the cache when that already ran with the same config).
+ROUND_ORDER = ("world", "sft", "sample", "generate", "annotators", "import_annotations", "vote", "denoise", "reward",
+               "ppo", "evaluate")
+MADE_BY = {"pairs": "import_annotations", "policy": "sft"}  # other inputs are named after their stage
+
+
+def find_artifact(reference: str, name: str, store: ArtifactStore) -> ArtifactRef:
+    """The artifact `reference` names: `kind:digest` or a digest (or its first 12+ characters) in the workdir's
+    store, or the path of an artifact directory (under the allowed roots). `name` is the input, for messages."""
+    if "/" in reference or reference.startswith("."):
+        path = resolve_allowed(reference, f"inputs.{name}", allowed_roots(store.root.parent))
+        if not (path / MANIFEST).is_file():
+            raise ConfigError(f"inputs.{name}: {path} is not an artifact directory (it has no {MANIFEST})")
+        manifest = Manifest.model_validate_json((path / MANIFEST).read_text())
+        return ArtifactRef(kind=manifest.kind, digest=manifest.digest, path=str(path))
+    kind, _, digest = reference.rpartition(":")
+    if len(digest) < 12:
+        raise ConfigError(f"inputs.{name}: {reference!r} is neither kind:digest, a digest (12+ characters) nor an "
+                          "artifact directory; copy the stage's output from its MLflow run (tag rlhf.output)")
+    found = [d for d in store.root.glob(f"{kind or '*'}/{digest}*") if (d / MANIFEST).is_file()]
+    if len(found) != 1:
+        what = "no artifact" if not found else f"{len(found)} artifacts"
+        raise ConfigError(f"inputs.{name}: {what} matching {reference!r} in {store.root}: give the whole "
+                          "kind:digest of the stage's output (its MLflow run's tag rlhf.output)")
+    return ArtifactRef(kind=found[0].parent.name, digest=found[0].name, path=str(found[0]))
+
+
+def given_inputs(stage: str, config: RoundConfig, references: dict[str, str], store: ArtifactStore) -> Inputs:
+    """The artifacts `references` name, each checked to be of the kind the stage reads under that name."""
+    expected = HEAVY_STAGES[stage].inputs_for(config)
+    if unknown := sorted(set(references) - set(expected)):
+        raise ConfigError(f"inputs: stage {stage} reads {', '.join(expected)}; it has no input "
+                          f"{', '.join(unknown)}")
+    refs = {name: find_artifact(ref, name, store) for name, ref in references.items()}
+    for name, ref in refs.items():
+        if ref.kind != expected[name]:
+            raise ConfigError(f"inputs.{name}: stage {stage} reads a {expected[name]} artifact as {name}, and "
+                              f"{references[name]!r} is a {ref.kind} artifact ({ref.kind}:{ref.digest[:12]}): give "
+                              f"the output of stage {MADE_BY.get(name, name)}")
+    return refs
+
+
+def round_inputs(missing: list[str], config: RoundConfig) -> Inputs:
+    """The inputs the round gives: the round run up to the last stage that makes one of them."""
+    from flows.round import rlhf_round  # the round imports this module for HEAVY_STAGES
+
+    last = max((MADE_BY.get(name, name) for name in missing), key=ROUND_ORDER.index)
+    artifacts = rlhf_round(config=config, stop_after=last)["artifacts"]
+    return {name: ArtifactRef(**artifacts[MADE_BY.get(name, name)]) for name in missing}
+
+
+@flow(name="rlhf-stage", version=rlhf_core.__version__, log_prints=True)
+def rlhf_stage(stage: HeavyStageName = "denoise", inputs: dict[str, str] | None = None,
+               config: RoundConfig = RoundConfig(), config_path: str | None = None) -> dict[str, Any]:
+    """One heavy stage of a round alone, on chosen input artifacts; returns its output artifact.
+
+    The stage is the round's own task with the round's config: on the same inputs it is a cache hit on
+    what the round made, with the same digest.
+
+    Args:
+        stage: the stage to run: vote, denoise, reward, ppo or evaluate.
+        inputs: input artifacts by name, each `kind:digest` (a stage's MLflow run shows its output as the
+            tag rlhf.output), a digest or an artifact directory. vote reads pairs (comparisons) and sft
+            (policy); denoise reads pairs and vote (votes); reward reads denoise (denoised), pairs, sft and
+            world (prompts); ppo reads policy, reward (reward_model), world and sft; evaluate reads ppo
+            (policy), sft, reward and world. An input not given is the round's, from the cache.
+        config: the round's config (see rlhf-round's `config`); the stage reads its own section.
+        config_path: a YAML config file used instead of the form's config (see rlhf-round's `config_path`).
+    """
+    from flows.round import checked_round_config, open_round  # the round imports this module for HEAVY_STAGES
+
+    config = checked_round_config(config, config_path)
+    store = ArtifactStore(Path(config.workdir).resolve() / "artifacts")
+    refs = given_inputs(stage, config, inputs or {}, store)  # refused before any work
+    if missing := [name for name in HEAVY_STAGES[stage].inputs_for(config) if name not in refs]:
+        get_run_logger().info("stage %s: inputs %s from the round (its cache)", stage, ", ".join(missing))
+        refs |= round_inputs(missing, config)
+    with lock_workdir(config.workdir):
+        ctx = open_round(config, run_name=f"stage-{stage}-{config.name}")
+        try:
+            if "policy" in missing:  # the policy the round would improve: SFT, or the champion
+                refs["policy"], _ = starting_policy(ctx, config.iteration, refs["policy"], None)
+            ref = HEAVY_STAGES[stage].call(ctx, config, refs, config.seed, not config.annotation.exports)
+        except BaseException:
+            ctx.tracker.end_run(ctx.parent_run_id, status="FAILED")
+            raise
+        ctx.tracker.end_run(ctx.parent_run_id)
+    return {"stage": stage, "artifact": ref.model_dump(), "inputs": {n: r.model_dump() for n, r in refs.items()},
+            "mlflow": {"tracking_uri": ctx.tracking_uri, "experiment": ctx.experiment, "run_id": ctx.parent_run_id}}

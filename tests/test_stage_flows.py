@@ -1,0 +1,70 @@
+"""`rlhf-stage`: one heavy stage alone on chosen input artifacts, through a real Prefect API and MLflow store.
+
+The stage flow calls the round's own stage (flows/stages.py), so on the round's inputs it makes the artifact
+the round makes: the round run afterwards is served from the cache with the same digest.
+"""
+
+from pathlib import Path
+
+import pytest
+from mlflow import MlflowClient
+
+from flows.stages import find_artifact
+from rlhf_core.artifacts import ArtifactStore
+from rlhf_core.config import ConfigError, load_config
+
+CONFIG = Path(__file__).parents[1] / "configs" / "mini.yaml"
+
+
+@pytest.fixture(scope="module")
+def round_to_vote(prefect_api, tmp_path_factory):
+    from flows.round import rlhf_round
+
+    workdir = tmp_path_factory.mktemp("stage-flows")
+    cfg = load_config(CONFIG, overrides=[f"workdir={workdir}", "voting.n_models=2"])
+    return cfg, rlhf_round(config=cfg, stop_after="vote")
+
+
+def test_denoise_alone_on_the_rounds_votes_makes_what_the_round_makes(round_to_vote):
+    from flows.round import rlhf_round
+    from flows.stages import rlhf_stage
+
+    cfg, first = round_to_vote
+    votes = first["artifacts"]["vote"]
+    # pairs not given: the round's, from its cache
+    alone = rlhf_stage(stage="denoise", inputs={"vote": f"votes:{votes['digest']}"}, config=cfg)
+    assert alone["inputs"]["pairs"]["digest"] == first["artifacts"]["import_annotations"]["digest"]
+    assert alone["artifact"]["kind"] == "denoised"
+
+    again = rlhf_round(config=cfg, stop_after="denoise")
+    assert again["artifacts"]["denoise"]["digest"] == alone["artifact"]["digest"]
+    client = MlflowClient(again["mlflow"]["tracking_uri"])
+    denoise_run = client.search_runs(
+        [client.get_run(again["mlflow"]["run_id"]).info.experiment_id],
+        filter_string=f"tags.mlflow.parentRunId = '{again['mlflow']['run_id']}' and tags.`rlhf.stage` = 'denoise'")
+    assert [r.data.tags["rlhf.cache"] for r in denoise_run] == ["hit"]  # the stage flow made it
+
+
+def test_an_input_of_the_wrong_kind_is_refused_before_any_work(round_to_vote):
+    from flows.stages import rlhf_stage
+
+    cfg, first = round_to_vote
+    pairs = first["artifacts"]["import_annotations"]
+    with pytest.raises(ConfigError, match=r"inputs\.vote: stage denoise reads a votes artifact as vote, and .* is a "
+                                          r"comparisons artifact .*give the output of stage vote"):
+        rlhf_stage(stage="denoise", inputs={"vote": pairs["path"]}, config=cfg)
+    with pytest.raises(ConfigError, match="stage denoise reads pairs, vote; it has no input reward"):
+        rlhf_stage(stage="denoise", inputs={"reward": f"votes:{first['artifacts']['vote']['digest']}"}, config=cfg)
+
+
+def test_an_artifact_is_found_by_kind_digest_prefix_or_directory(round_to_vote):
+    cfg, first = round_to_vote
+    store = ArtifactStore(Path(cfg.workdir) / "artifacts")
+    votes = first["artifacts"]["vote"]
+    by_prefix = find_artifact(votes["digest"][:12], "vote", store)
+    by_path = find_artifact(votes["path"], "vote", store)
+    assert by_prefix.model_dump() == by_path.model_dump() == votes
+    with pytest.raises(ConfigError, match="no artifact matching 'votes:000000000000'"):
+        find_artifact("votes:000000000000", "vote", store)
+    with pytest.raises(ConfigError, match="neither kind:digest, a digest"):
+        find_artifact("votes", "vote", store)
