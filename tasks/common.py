@@ -6,8 +6,9 @@ stage execution:
   2. a nested MLflow run under the round's run, with params, input datasets and lineage tags;
   3. a cache hit returns the earlier artifact (tagged `rlhf.cache=hit`), else `produce` writes
      into a staging directory which is committed atomically;
-  4. metrics, output tables, plots and models go to MLflow (a hit logs the artifact's metrics and
-     output tables again, and registers its model if no version holds that digest yet);
+  4. metrics, output tables, plots and models go to MLflow (a model as an MLflow 3 logged model of the
+     run, registered with lineage tags; a hit logs the artifact's metrics and outputs again, and logs and
+     registers its model if no version holds that digest yet, e.g. on a new tracking store);
   5. a Prefect markdown artifact (what the stage did, its numbers, its MLflow run), on a hit too.
 """
 
@@ -30,7 +31,7 @@ import pandas as pd
 from pydantic import BaseModel, ConfigDict
 
 import rlhf_core
-from rlhf_core.artifacts import ArtifactRef, ArtifactStore, cache_key
+from rlhf_core.artifacts import ArtifactRef, ArtifactStore, Manifest, cache_key
 from rlhf_core.config import RESOLVED, config_digest
 from tasks.tracking import Tracker
 
@@ -248,11 +249,10 @@ def run_stage(
                                  hit.digest[:12], version)
             tracker.set_tags(run_id, {"rlhf.cache": "hit", "rlhf.output": f"{hit.kind}:{hit.digest}",
                                       "rlhf.output_path": hit.path})
-            tracker.log_metrics(run_id, store.manifest(hit).metrics)
             for figure in sorted(plots.glob("*.png")):
                 tracker.log_artifact(run_id, figure, "plots")
-            # outputs as on a miss; this also registers a model whose first run was killed before it could
-            _log_outputs(tracker, run_id, hit, register_as, stage)
+            # metrics and outputs as on a miss; this also registers a model whose first run was killed before it could
+            _log_outputs(store, tracker, run_id, hit, store.manifest(hit).metrics, register_as)
             tracker.end_run(run_id)
             _publish_stage(stage, ctx, hit, store.manifest(hit).metrics, cached=True, run_id=run_id)
             return hit
@@ -269,10 +269,9 @@ def run_stage(
                 config=cfg_dict, config_digest=cfg_digest, inputs=inputs, cache_key=key, metrics=metrics,
             )
         shutil.rmtree(scratch, ignore_errors=True)  # committed: nothing left to resume
-        tracker.log_metrics(run_id, metrics)
         tracker.set_tags(run_id, {"rlhf.cache": "miss", "rlhf.output": f"{ref.kind}:{ref.digest}",
                                   "rlhf.output_path": ref.path})
-        _log_outputs(tracker, run_id, ref, register_as, stage)
+        _log_outputs(store, tracker, run_id, ref, metrics, register_as)
         tracker.end_run(run_id)
         _publish_stage(stage, ctx, ref, metrics, cached=False, run_id=run_id)
         _stage_logger().info("stage %s: done in %.0f s (%s %s)", stage, metrics["time/stage_seconds"], ref.kind,
@@ -290,15 +289,59 @@ def _log_input_tables(tracker: Tracker, run_id: str, inputs: dict[str, ArtifactR
             tracker.log_table_input(run_id, df, path=table, name=f"{name}/{table.stem}", digest=ref.digest)
 
 
-def _log_outputs(tracker: Tracker, run_id: str, ref: ArtifactRef, register_as: str | None, stage: str) -> None:
-    root = Path(ref.path)
+def _log_outputs(store: ArtifactStore, tracker: Tracker, run_id: str, ref: ArtifactRef, metrics: dict[str, float],
+                 register_as: str | None) -> None:
+    """The run's metrics, and the artifact's model (a logged model registered as `register_as`@candidate, the
+    metrics linked to it) or its output tables. `metrics`: this execution's (an artifact committed again with
+    the same content keeps its first manifest) or, on a cache hit, the manifest's."""
+    manifest = store.manifest(ref)
     if register_as:
-        tracker.register_model(run_id, root, register_as, alias="candidate",
-                               tags={"rlhf.digest": ref.digest, "rlhf.stage": stage})
+        tags = {"rlhf.digest": ref.digest, "rlhf.stage": manifest.stage,
+                **{f"rlhf.input.{i.name}": f"{i.kind}:{i.digest}" for i in manifest.inputs},
+                **data_lineage(store, manifest)}
+        params = {"config_digest": manifest.config_digest, "code_version": manifest.code_version,
+                  "stage_version": manifest.stage_version, "base_model": _base_model(manifest)}
+        tracker.register_model(run_id, Path(ref.path), register_as, alias="candidate", tags=tags, params=params,
+                               metrics=metrics)
         return
-    for f in sorted(root.iterdir()):
+    tracker.log_metrics(run_id, metrics)
+    for f in sorted(Path(ref.path).iterdir()):
         if f.is_file() and f.suffix in {".parquet", ".json", ".png", ".csv"}:
             tracker.log_artifact(run_id, f, "outputs")
+
+
+MODEL_KINDS = {"policy", "reward_model"}
+LINEAGE_KINDS = ("votes", "comparisons", "annotation_export")  # the data a model learned from, as the registry shows
+
+
+def data_lineage(store: ArtifactStore, manifest: Manifest) -> dict[str, str]:
+    """rlhf.lineage.<kind>: the digests (comma-separated, nearest first) of the votes, comparison pairs and
+    annotation exports upstream of an artifact, walked through data artifacts only (a model input has its own
+    registered version and lineage)."""
+    found: dict[str, list[str]] = {kind: [] for kind in LINEAGE_KINDS}
+    todo, seen = [i for i in manifest.inputs if i.kind not in MODEL_KINDS], set()
+    while todo:
+        item = todo.pop(0)
+        if item.digest in seen:
+            continue
+        seen.add(item.digest)
+        if item.kind in found:
+            found[item.kind].append(item.digest)
+        try:
+            upstream = store.manifest(store.find(item.kind, item.digest)).inputs
+        except FileNotFoundError:  # an input from outside the store (a registered model downloaded)
+            continue
+        todo += [i for i in upstream if i.kind not in MODEL_KINDS]
+    return {f"rlhf.lineage.{kind}": ",".join(digests) for kind, digests in found.items() if digests}
+
+
+def _base_model(manifest: Manifest) -> str:
+    """What a model was initialised from: its input policy (the reward model and PPO start from one), else the
+    pretrained directory its config names, else nothing (built from its config)."""
+    policy = next((i for i in manifest.inputs if i.name == "policy"), None)
+    if policy is not None:
+        return f"{policy.kind}:{policy.digest}"
+    return str(manifest.config.get("model", {}).get("pretrained") or "none (built from its config)")
 
 
 __all__ = ["RunContext", "StageRun", "run_stage", "publish_markdown", "config_digest", "code_version", "lock_workdir",

@@ -219,9 +219,11 @@ def registered_policy(ctx: RunContext, name: str, alias: str) -> ArtifactRef:
         return ctx.store.find("policy", digest)
     target = Path(ctx.workdir) / "registry" / name / str(version.version)
     if not (target / "config.json").is_file():
-        mlflow.artifacts.download_artifacts(artifact_uri=version.source, dst_path=str(target.parent / "download"),
-                                            tracking_uri=ctx.tracking_uri)
-        (target.parent / "download" / Path(version.source).name).rename(target)
+        # where the files are: a `models:/<model_id>` source resolves only through MLflow's process-wide URI
+        files = client.get_model_version_download_uri(name, version.version)
+        local = mlflow.artifacts.download_artifacts(artifact_uri=files, dst_path=str(target.parent / "download"),
+                                                    tracking_uri=ctx.tracking_uri)
+        Path(local).rename(target)
     return ArtifactRef(kind="policy", digest=content_digest(target)[0], path=str(target))
 
 

@@ -8,25 +8,36 @@ one nested run per stage (`mlflow.parentRunId` tag). Secrets never reach params 
 
 from __future__ import annotations
 
+import json
+import logging
 import os
 import re
 import tempfile
+import threading
 import time
 import warnings
+from contextlib import contextmanager
+from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import mlflow
 import pandas as pd
 from mlflow import MlflowClient
-from mlflow.entities import DatasetInput, InputTag, Metric, Param, RunTag
+from mlflow.entities import DatasetInput, InputTag, LoggedModelOutput, LoggedModelStatus, Metric, Param, RunTag
 
 from rlhf_core.artifacts import atomic_write
 
+log = logging.getLogger("rlhf")
 SECRET_KEY = re.compile(r"(api[_-]?key|token|secret|password|credential)", re.IGNORECASE)
 MAX_PARAM_LEN = 500  # MLflow's limit on a param value
-# MLflow 3's UI opens an experiment on its GenAI view unless this tag says it holds model training runs
+# The experiment's kind: MLflow 3 asks which kind an experiment without it is, and heads its runs "Training runs"
 EXPERIMENT_KIND, MODEL_TRAINING = "mlflow.experimentKind", "custom_model_development"
+# The UI's GenAI / model-training switch (MLflow 3.17) is not read from that tag: it is the link's `workflowType`
+# query parameter, else the browser's last choice, else GenAI. Links into the UI carry it.
+UI_MODEL_TRAINING = "workflowType=machine_learning"
+MODEL_VERSIONS = "mlflow.modelVersions"  # a logged model's tag naming its registered versions (as MLflow writes it)
+_PROCESS_TRACKING_URI = threading.Lock()  # held while MLflow's process-wide tracking URI is pointed elsewhere
 
 
 def default_tracking_uri(workdir: str | Path) -> str:
@@ -110,7 +121,8 @@ class Tracker:
         """Markdown pointing at the run: a link into the MLflow UI for a tracking server, else the run id
         and the store (a local store has no UI address of its own)."""
         if self.tracking_uri.startswith(("http://", "https://")):
-            url = f"{self.tracking_uri.rstrip('/')}/#/experiments/{self.experiment_id}/runs/{run_id}"
+            ui = self.tracking_uri.rstrip("/")
+            url = f"{ui}/#/experiments/{self.experiment_id}/runs/{run_id}?{UI_MODEL_TRAINING}"
             return f"[MLflow run {run_id}]({url})"
         return f"MLflow run `{run_id}` (experiment {self.experiment_id} in `{self.tracking_uri}`)"
 
@@ -118,13 +130,19 @@ class Tracker:
         self.client.set_terminated(run_id, status=status)
 
     def close_killed_runs(self, workdir: str) -> int:
-        """Mark KILLED the runs of `workdir` still RUNNING: called under the workdir's lock, so no live
-        round owns them; they were left by a killed process. Returns how many."""
+        """Mark KILLED the runs of `workdir` still RUNNING, and FAILED the logged models they left PENDING:
+        called under the workdir's lock, so no live round owns them; a killed process left them. Returns how
+        many runs."""
         stale = self.client.search_runs(
             [self.experiment_id], filter_string=f"attributes.status = 'RUNNING' and tags.`rlhf.workdir` = '{workdir}'",
             max_results=1000)
         for run in stale:
             self.client.set_terminated(run.info.run_id, status="KILLED")
+            models = self.client.search_logged_models([self.experiment_id],
+                                                      filter_string=f"source_run_id = '{run.info.run_id}'")
+            for model in models:
+                if model.status == LoggedModelStatus.PENDING:
+                    self.client.finalize_logged_model(model.model_id, "FAILED")
         return len(stale)
 
     # ------------------------------------------------------------ logging
@@ -134,9 +152,11 @@ class Tracker:
         for i in range(0, len(items), 100):  # MLflow caps params per batch
             self.client.log_batch(run_id, params=items[i : i + 100], synchronous=True)
 
-    def log_metrics(self, run_id: str, metrics: dict[str, float], step: int = 0) -> None:
+    def log_metrics(self, run_id: str, metrics: dict[str, float], step: int = 0, model_id: str | None = None) -> None:
+        """Numbers (NaN and non-numbers skipped) at `step`; with `model_id`, linked to that logged model too."""
         now = int(time.time() * 1000)
-        items = [Metric(_metric_name(k), float(v), now, step) for k, v in metrics.items() if _is_number(v)]
+        items = [Metric(_metric_name(k), float(v), now, step, model_id=model_id)
+                 for k, v in metrics.items() if _is_number(v)]
         for i in range(0, len(items), 500):
             self.client.log_batch(run_id, metrics=items[i : i + 500], synchronous=True)
 
@@ -176,24 +196,76 @@ class Tracker:
                 atomic_write(keep_in / name, lambda f: f.write(path.read_bytes()))
         plt.close(fig)
 
-    def register_model(self, run_id: str, model_dir: Path, name: str, alias: str, tags: dict[str, str]) -> int:
-        """Upload an HF model directory to the run and register it under `name` with `alias`.
+    def register_model(self, run_id: str, model_dir: Path, name: str, alias: str, tags: dict[str, str],
+                       params: dict[str, Any] | None = None, metrics: dict[str, float] | None = None) -> int:
+        """Log an HF model directory as an MLflow 3 logged model of the run and register it under `name` with
+        `alias`; the run's metrics are logged linked to the model. Returns the registered version.
 
-        A model whose `rlhf.digest` tag is already registered under `name` is not uploaded again:
-        that version gets the alias (a cache hit, or a re-run after a kill, registers a digest once).
+        A digest (tags["rlhf.digest"]) is registered once: when `name` already has a version for it (a cache
+        hit, a re-run after a kill), the run links to that version's logged model and the version gets the alias.
         """
         try:
             self.client.get_registered_model(name)
         except mlflow.exceptions.MlflowException:
             self.client.create_registered_model(name)
-        digest = tags.get("rlhf.digest")
+        tags = {k: str(v) for k, v in tags.items() if not SECRET_KEY.search(k)}
+        digest, params, metrics = tags.get("rlhf.digest"), params or {}, metrics or {}
         version = self.model_version(name, digest) if digest is not None else None
         if version is None:
-            self.client.log_artifacts(run_id, str(model_dir), "model")
-            source = f"{self.client.get_run(run_id).info.artifact_uri}/model"
-            version = self.client.create_model_version(name, source=source, run_id=run_id, tags=tags)
+            model_id = self._new_logged_model(run_id, model_dir, name, tags, params, metrics)
+            with self._registry_resolves_models_uris():
+                version = self.client.create_model_version(name, source=f"models:/{model_id}", run_id=run_id,
+                                                           tags=tags, model_id=model_id)
+            # what mlflow.register_model records: the logged model's page lists its registered versions
+            self.client.set_logged_model_tags(model_id, {MODEL_VERSIONS: json.dumps([{"name": name,
+                                                                                      "version": version.version}])})
+        else:
+            if (model_id := logged_model_id(version)) is not None:
+                self.client.log_outputs(run_id, [LoggedModelOutput(model_id, step=0)])
+            self.log_metrics(run_id, metrics)
         self.client.set_registered_model_alias(name, alias, version.version)
         return int(version.version)
+
+    def _new_logged_model(self, run_id: str, model_dir: Path, name: str, tags: dict[str, str],
+                          params: dict[str, Any], metrics: dict[str, float]) -> str:
+        """A logged model of the run holding `model_dir`'s files, its params and the run's metrics; READY once
+        everything is in, FAILED when anything fails on the way (a killed process leaves it PENDING, and the
+        next round in the workdir marks it FAILED with the run)."""
+        model = self.client.create_logged_model(
+            self.experiment_id, name=name, source_run_id=run_id, model_type=tags.get("rlhf.stage"),
+            tags=tags, params=flatten_params(params))
+        try:
+            if not (model_dir / "config.json").is_file():  # MLflow would upload an empty directory without a word
+                raise FileNotFoundError(f"{model_dir} holds no model (no config.json): nothing to log as {name}")
+            self.client.log_model_artifacts(model.model_id, str(model_dir))
+            self.client.log_outputs(run_id, [LoggedModelOutput(model.model_id, step=0)])
+            self.log_metrics(run_id, metrics, model_id=model.model_id)
+        except BaseException:
+            self.client.finalize_logged_model(model.model_id, "FAILED")
+            raise
+        self.client.finalize_logged_model(model.model_id, "READY")
+        return model.model_id
+
+    @contextmanager
+    def _registry_resolves_models_uris(self) -> Iterator[None]:
+        """MLflow's SQL registry store resolves a `models:/<model_id>` source through the process-wide tracking
+        URI (it calls MlflowClient() with no URI), not through this client's: point that URI here while a version
+        is created, then put it back, and the environment variable mlflow.set_tracking_uri mirrors it into. A
+        tracking server resolves the source against its own store."""
+        if self.tracking_uri.startswith(("http://", "https://")):
+            yield
+            return
+        from mlflow.tracking._tracking_service import utils
+
+        with _PROCESS_TRACKING_URI:
+            saved_uri, saved_env = utils._tracking_uri, os.environ.get("MLFLOW_TRACKING_URI")
+            mlflow.set_tracking_uri(self.tracking_uri)
+            try:
+                yield
+            finally:
+                mlflow.set_tracking_uri(saved_uri)
+                if saved_env is not None:
+                    os.environ["MLFLOW_TRACKING_URI"] = saved_env
 
     def model_version(self, name: str, digest: str):
         """The first version of registered model `name` whose `rlhf.digest` tag is `digest`, or None."""
@@ -220,9 +292,32 @@ class Tracker:
                 self.client.set_model_version_tag(name, str(version), key, str(value))
 
 
+def logged_model_id(version) -> str | None:
+    """The logged model a registered version was created from (its source is `models:/<model_id>`), or None
+    for a version registered from run artifacts. MLflow's SQL registry does not keep `version.model_id`."""
+    source = version.source or ""
+    if source.startswith("models:/m-") and "/" not in source[len("models:/"):]:
+        return source[len("models:/"):]
+    return version.model_id or None
+
+
 def _is_number(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and v == v  # NaN is not logged
 
 
+METRIC_NAME = re.compile(r"[A-Za-z0-9_/.\-]+")  # what MLflow, its filter strings and its UI take as it is
+
+
 def _metric_name(name: str) -> str:
-    return re.sub(r"[^\w\-./ ]", "_", name)
+    """`name` when it is made of METRIC_NAME's characters; else each other character becomes `_`, and a warning
+    says so (MLflow refuses some, and a name with a space needs quoting in a search): the stage should rename it."""
+    if METRIC_NAME.fullmatch(name):
+        return name
+    logged = re.sub(r"[^A-Za-z0-9_/.\-]", "_", name)
+    _warn_renamed(name, logged)
+    return logged
+
+
+@lru_cache(maxsize=256)
+def _warn_renamed(name: str, logged: str) -> None:  # once per name
+    log.warning("metric %r is logged as %r: name it with letters, digits and _ / . - only", name, logged)

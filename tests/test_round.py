@@ -70,7 +70,8 @@ def test_models_registered_and_reload_with_transformers(two_rounds, tmp_path):
     for name, loader in [("rlhf-reward-model", AutoModelForSequenceClassification),
                          ("rlhf-policy", AutoModelForCausalLM)]:
         version = client.get_model_version_by_alias(name, "candidate")
-        local = mlflow.artifacts.download_artifacts(artifact_uri=version.source, dst_path=str(tmp_path / name),
+        files = client.get_model_version_download_uri(name, version.version)  # its logged model's files
+        local = mlflow.artifacts.download_artifacts(artifact_uri=files, dst_path=str(tmp_path / name),
                                                     tracking_uri=uri)
         model = loader.from_pretrained(local)
         assert sum(p.numel() for p in model.parameters()) > 0

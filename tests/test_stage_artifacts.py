@@ -56,7 +56,8 @@ def test_a_tracking_server_gets_a_link_into_its_ui_and_a_local_store_the_run_id(
                                        f"`sqlite:///{tmp_path / 'm.db'}`)"
     server = object.__new__(Tracker)  # the link needs only the URI and the experiment id, no live server
     server.tracking_uri, server.experiment_id = "http://127.0.0.1:5000/", "7"
-    assert server.run_link("abc123") == "[MLflow run abc123](http://127.0.0.1:5000/#/experiments/7/runs/abc123)"
+    assert server.run_link("abc123") == \
+        "[MLflow run abc123](http://127.0.0.1:5000/#/experiments/7/runs/abc123?workflowType=machine_learning)"
 
 
 @pytest.mark.parametrize("value, shown", [(0.123456, "0.1235"), (3, "3")])

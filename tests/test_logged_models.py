@@ -1,0 +1,193 @@
+"""Models as MLflow 3 logged models: a miniature round logs each model it trains (SFT policy, reward model, PPO
+policy) as a logged model of its stage's run, with the files, params and metrics, READY, and registers the
+version from it with lineage tags; the same round served from the cache onto a new MLflow store shows the same.
+Read back from real SQLite MLflow stores."""
+
+import json
+import logging
+import math
+import re
+from pathlib import Path
+from urllib.parse import urlparse
+
+import pytest
+from mlflow import MlflowClient
+from mlflow.entities import LoggedModelStatus
+
+from rlhf_core.artifacts import ArtifactRef, ArtifactStore
+from rlhf_core.config import load_config
+from tasks.tracking import Tracker
+
+CONFIG = Path(__file__).parents[1] / "configs" / "mini.yaml"
+MODELS = {"sft": "rlhf-sft-policy", "reward": "rlhf-reward-model", "ppo": "rlhf-policy"}  # stage -> registered name
+
+
+@pytest.fixture(scope="module")
+def rounds(prefect_api, tmp_path_factory):
+    """A mini round (it trains and registers), then the same round on a new, empty MLflow store: every stage
+    a cache hit."""
+    from flows.round import rlhf_round
+
+    workdir = tmp_path_factory.mktemp("logged")
+    cfg = load_config(CONFIG, overrides=[f"workdir={workdir}"])
+    rlhf_logger = logging.getLogger("rlhf")
+    renamed = _Collect()
+    rlhf_logger.addHandler(renamed)
+    try:
+        miss = rlhf_round(config=cfg)
+        fresh = cfg.model_copy(update={"tracking_uri": f"sqlite:///{workdir / 'fresh-mlflow.db'}"})
+        hit = rlhf_round(config=fresh)
+    finally:
+        rlhf_logger.removeHandler(renamed)
+    return {"miss": miss, "hit": hit, "store": ArtifactStore(workdir / "artifacts"), "warnings": renamed.messages}
+
+
+class _Collect(logging.Handler):
+    def __init__(self):
+        super().__init__(logging.WARNING)
+        self.messages: list[str] = []
+
+    def emit(self, record):
+        self.messages.append(record.getMessage())
+
+
+def _client(summary) -> MlflowClient:
+    uri = summary["mlflow"]["tracking_uri"]
+    return MlflowClient(uri, registry_uri=uri)
+
+
+def _stage_run(client, summary, stage):
+    parent = client.get_run(summary["mlflow"]["run_id"])
+    return client.search_runs([parent.info.experiment_id], filter_string=(
+        f"tags.mlflow.parentRunId = '{parent.info.run_id}' and tags.`rlhf.stage` = '{stage}'"))[0]
+
+
+def _logged(client, summary, stage):
+    """(the stage's run, the registered candidate version, its logged model)."""
+    version = client.get_model_version_by_alias(MODELS[stage], "candidate")
+    model = client.get_logged_model(version.source.removeprefix("models:/"))
+    return _stage_run(client, summary, stage), version, model
+
+
+@pytest.mark.parametrize("which", ["miss", "hit"])
+@pytest.mark.parametrize("stage", list(MODELS))
+def test_each_model_is_a_ready_logged_model_of_its_stage_run(rounds, which, stage):
+    summary, store = rounds[which], rounds["store"]
+    client = _client(summary)
+    run, version, model = _logged(client, summary, stage)
+    ref = ArtifactRef(**summary["artifacts"][stage])
+    manifest = store.manifest(ref)
+    assert run.data.tags["rlhf.cache"] == which
+    assert version.source == f"models:/{model.model_id}" and version.run_id == run.info.run_id
+    assert model.status == LoggedModelStatus.READY and model.source_run_id == run.info.run_id
+    assert model.model_id in {o.model_id for o in run.outputs.model_outputs}  # the run lists its model
+    assert json.loads(model.tags["mlflow.modelVersions"]) == [{"name": MODELS[stage], "version": version.version}]
+    assert model.tags["rlhf.digest"] == version.tags["rlhf.digest"] == ref.digest
+    # the model's files are the artifact's (a Hugging Face directory)
+    files = Path(urlparse(model.artifact_location).path)
+    assert {"config.json", "model.safetensors"} <= {f.name for f in files.iterdir()}
+    assert (files / "model.safetensors").read_bytes() == (Path(ref.path) / "model.safetensors").read_bytes()
+    assert model.params["config_digest"] == manifest.config_digest
+    assert (model.params["code_version"], model.params["stage_version"]) == (manifest.code_version,
+                                                                             manifest.stage_version)
+    # the stage's numbers, linked to the model from its run (NaN is not logged)
+    numbers = {k: v for k, v in manifest.metrics.items() if not math.isnan(v)}
+    assert {m.key: m.value for m in model.metrics} == pytest.approx(numbers)
+    assert {m.run_id for m in model.metrics} == {run.info.run_id}
+
+
+def test_the_base_model_is_what_each_model_was_initialised_from(rounds):
+    client, sft_digest = _client(rounds["miss"]), rounds["miss"]["artifacts"]["sft"]["digest"]
+    base = {stage: _logged(client, rounds["miss"], stage)[2].params["base_model"] for stage in MODELS}
+    assert base == {"sft": "none (built from its config)", "reward": f"policy:{sft_digest}",
+                    "ppo": f"policy:{sft_digest}"}  # round 1's PPO starts from SFT
+
+
+@pytest.mark.parametrize("which", ["miss", "hit"])
+def test_lineage_leads_from_the_policy_to_its_reward_model_to_votes_and_annotations(rounds, which):
+    summary = rounds[which]
+    client, digest = _client(summary), {stage: ref["digest"] for stage, ref in summary["artifacts"].items()}
+    _, reward, _ = _logged(client, summary, "reward")
+    _, policy, _ = _logged(client, summary, "ppo")
+    assert policy.tags["rlhf.reward_model.model_version"] == f"rlhf-reward-model/{reward.version}"
+    assert policy.tags["rlhf.input.reward_model"] == f"reward_model:{digest['reward']}"
+    assert reward.tags["rlhf.lineage.votes"] == digest["vote"]
+    assert reward.tags["rlhf.lineage.comparisons"] == digest["import_annotations"]  # the imported pairs
+    assert reward.tags["rlhf.lineage.annotation_export"] == digest["annotators"]  # the annotators' files
+    assert reward.tags["rlhf.input.denoised"] == f"denoised:{digest['denoise']}"
+
+
+def test_a_cache_hit_on_a_new_store_shows_what_the_miss_showed(rounds):
+    def shown(summary):
+        client = _client(summary)
+        out = {}
+        for stage in MODELS:
+            _, version, model = _logged(client, summary, stage)
+            tags = {k: v for k, v in version.tags.items() if k.startswith("rlhf.")}
+            out[stage] = (version.version, tags, model.params, sorted(m.key for m in model.metrics))
+        return out
+
+    assert shown(rounds["hit"]) == shown(rounds["miss"])
+    client = _client(rounds["hit"])
+    vote = _stage_run(client, rounds["hit"], "vote")  # plots and output tables as the miss logged them
+    assert {"preference_strength.png"} <= {Path(f.path).name for f in client.list_artifacts(vote.info.run_id, "plots")}
+    assert any(f.path.endswith(".parquet") for f in client.list_artifacts(vote.info.run_id, "outputs"))
+
+
+ALLOWED = re.compile(r"[A-Za-z0-9_/.\-]+")
+
+
+def test_every_metric_name_of_a_round_is_logged_as_its_stage_named_it(rounds):
+    """No character MLflow refuses or a search must quote, so no name is rewritten on the way (the tracker warns
+    when it has to)."""
+    client = _client(rounds["miss"])
+    parent = client.get_run(rounds["miss"]["mlflow"]["run_id"])
+    runs = [parent, *client.search_runs([parent.info.experiment_id],
+                                        filter_string=f"tags.mlflow.parentRunId = '{parent.info.run_id}'")]
+    names = {name for run in runs for name in run.data.metrics}
+    assert len(runs) == 12 and len(names) > 100  # the parent and 11 stages
+    assert sorted(n for n in names if not ALLOWED.fullmatch(n)) == []
+    assert [m for m in rounds["warnings"] if "is logged as" in m] == []
+
+
+def test_a_name_outside_the_allowed_characters_is_rewritten_with_a_warning(tmp_path, caplog):
+    tracker = Tracker(f"sqlite:///{tmp_path / 'm.db'}", "names")
+    run_id = tracker.start_run("r", {})
+    with caplog.at_level(logging.WARNING, logger="rlhf"):
+        tracker.log_metrics(run_id, {"KL(new || SFT)": 0.25, "eval/judge/win_rate": 0.5})
+    assert tracker.client.get_run(run_id).data.metrics == {"KL_new____SFT_": 0.25, "eval/judge/win_rate": 0.5}
+    assert [r.getMessage() for r in caplog.records if r.name == "rlhf"] == \
+        ["metric 'KL(new || SFT)' is logged as 'KL_new____SFT_': name it with letters, digits and _ / . - only"]
+
+
+def test_a_model_whose_files_fail_to_upload_is_failed_and_not_registered(tmp_path):
+    tracker = Tracker(f"sqlite:///{tmp_path / 'm.db'}", "fails", tmp_path / "artifacts")
+    run_id = tracker.start_run("reward", {})
+    with pytest.raises(FileNotFoundError, match="no-such-model holds no model"):
+        tracker.register_model(run_id, tmp_path / "no-such-model", "broken", "candidate",
+                               tags={"rlhf.digest": "d" * 64, "rlhf.stage": "reward"})
+    [model] = tracker.client.search_logged_models([tracker.experiment_id])
+    assert model.status == LoggedModelStatus.FAILED and model.source_run_id == run_id
+    assert tracker.client.search_model_versions("name = 'broken'") == []
+
+
+def test_a_model_a_killed_round_left_pending_is_failed_by_the_next_round(tmp_path):
+    tracker = Tracker(f"sqlite:///{tmp_path / 'm.db'}", "killed")
+    killed = tracker.start_run("ppo", {"rlhf.workdir": "/w"})
+    pending = tracker.client.create_logged_model(tracker.experiment_id, name="rlhf-policy", source_run_id=killed)
+    assert tracker.close_killed_runs("/w") == 1
+    assert tracker.client.get_logged_model(pending.model_id).status == LoggedModelStatus.FAILED
+
+
+def test_no_secret_reaches_the_logged_model_or_the_version(tmp_path):
+    tracker = Tracker(f"sqlite:///{tmp_path / 'm.db'}", "secrets", tmp_path / "artifacts")
+    model_dir = tmp_path / "model"
+    model_dir.mkdir()
+    (model_dir / "config.json").write_text("{}")
+    version = tracker.register_model(tracker.start_run("ppo", {}), model_dir, "keyed", "candidate",
+                                     tags={"rlhf.digest": "e" * 64, "judge.api_key": "sk-tag"},
+                                     params={"http": {"api_key": "sk-param"}, "config_digest": "c"})
+    registered = tracker.client.get_model_version("keyed", version)
+    model = tracker.client.get_logged_model(registered.source.removeprefix("models:/"))
+    shown = json.dumps([registered.tags, model.tags, model.params])
+    assert "sk-" not in shown and model.params == {"config_digest": "c"}
