@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from prefect import flow, get_client, get_run_logger
+from prefect.events import emit_event
 from prefect.client.schemas.filters import (
     FlowFilter,
     FlowFilterName,
@@ -23,10 +24,11 @@ from prefect.states import Crashed
 from prefect.runtime import flow_run
 
 import rlhf_core
+from flows.chaining import round_completed
 from flows.cli import load_round_config
 from flows.stages import HEAVY_STAGES
 from rlhf_core.artifacts import ArtifactRef, ArtifactStore
-from rlhf_core.config import RESOLVED, ConfigError, RoundConfig, config_digest, load_config
+from rlhf_core.config import RESOLVED, ConfigError, RoundConfig, config_digest, deep_merge, load_config, parse_config
 from rlhf_core.annotation.importer import check_exports
 from rlhf_core.paths import allowed_roots, check_config_paths, resolve_allowed
 from tasks.annotation import collect_annotations, import_annotations
@@ -146,10 +148,15 @@ def resolve_round_config(config: RoundConfig, config_path: str | None) -> RoundC
     return load_round_config(path)
 
 
-def checked_round_config(config: RoundConfig, config_path: str | None) -> RoundConfig:
-    """The round's config (the form's or the file's), refused before any work when a file it names is missing or
-    outside the allowed roots, an annotation export is unreadable, or the tracking server does not answer."""
+def checked_round_config(config: RoundConfig, config_path: str | None,
+                         annotation_exports: list[str] | None = None) -> RoundConfig:
+    """The round's config (the form's or the file's, with `annotation_exports` as its annotation.exports when
+    given), refused before any work when a file it names is missing or outside the allowed roots, an annotation
+    export is unreadable, or the tracking server does not answer."""
     config = resolve_round_config(config, config_path)
+    if annotation_exports:
+        exports = {"annotation": {"exports": annotation_exports}}
+        config = parse_config(deep_merge(config.model_dump(mode="json"), exports), source="(annotation_exports)")
     check_config_paths(config)  # every file the config names, before anything is created
     check_exports(config.annotation)  # and every annotation export readable as one
     check_tracking_server(config.tracking_uri or default_tracking_uri(Path(config.workdir).resolve()))
@@ -173,7 +180,7 @@ StageName = Literal["world", "sft", "sample", "generate", "annotators", "import_
 @flow(name="rlhf-round", version=rlhf_core.__version__, log_prints=True)
 def rlhf_round(config: RoundConfig = RoundConfig(), stop_after: StageName | None = None, round_no: int = 1,
                start_policy: ArtifactRef | None = None, config_path: str | None = None,
-               earlier_pairs: ArtifactRef | None = None) -> dict[str, Any]:
+               earlier_pairs: ArtifactRef | None = None, annotation_exports: list[str] | None = None) -> dict[str, Any]:
     """One RLHF round on the configured world; returns the summary (also logged to MLflow).
 
     The world, the SFT policy, the reward-model backbone and the ptx data are those of round 1 in
@@ -192,10 +199,18 @@ def rlhf_round(config: RoundConfig = RoundConfig(), stop_after: StageName | None
             used instead of the form's config; leave the form's config at its defaults when you give one.
         earlier_pairs: the comparison pairs of the rounds before (the previous round's accumulation, or round
             1's pairs); with iteration.pairs accumulate, this round votes on and trains with them and its own.
+        annotation_exports: annotation export files this round imports instead of the config's
+            annotation.exports (rlhf-round/on-new-export sets it to the file rlhf-watch-exports announced).
+
+    A round that runs to its evaluation emits the Prefect event rlhf.round.completed (flows/chaining.py),
+    which rlhf-round/next-round's trigger turns into the next round.
     """
-    config = checked_round_config(config, config_path)
+    config = checked_round_config(config, config_path, annotation_exports)
     with lock_workdir(config.workdir):  # one round at a time per workdir (its store, scratch and mlflow.db)
-        return _run_stages(config, stop_after, round_no, start_policy, earlier_pairs)
+        summary = _run_stages(config, stop_after, round_no, start_policy, earlier_pairs)
+    if stop_after is None:
+        emit_event(**round_completed(config, summary, subflow=flow_run.parent_flow_run_id is not None))
+    return summary
 
 
 def _run_stages(config: RoundConfig, stop_after: StageName | None, round_no: int,

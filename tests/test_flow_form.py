@@ -13,10 +13,11 @@ from typing import Any, Iterator
 import pytest
 from prefect.utilities.callables import parameter_schema
 
+from flows.chaining import watch_exports
 from flows.round import rlhf_round, rlhf_rounds
 from flows.stages import rlhf_stage
 
-FLOWS = [rlhf_round, rlhf_rounds, rlhf_stage]
+FLOWS = [rlhf_round, rlhf_rounds, rlhf_stage, watch_exports]
 
 # What an HTML renderer takes for the start of a tag: `<` then a letter, `/`, `!` or `?` ("mean < 0" is kept).
 HTML_TAG = re.compile(r"<[A-Za-z/!?]")
@@ -65,5 +66,5 @@ def test_the_round_form_puts_what_changes_per_round_first():
 def test_the_flow_parameters_keep_their_signature_order():
     properties = schema_of(rlhf_round)["properties"]
     assert [name for name, _ in sorted(properties.items(), key=lambda item: item[1]["position"])] == [
-        "config", "stop_after", "round_no", "start_policy", "config_path", "earlier_pairs"]
+        "config", "stop_after", "round_no", "start_policy", "config_path", "earlier_pairs", "annotation_exports"]
     assert properties["config"]["description"].startswith("the whole round")
