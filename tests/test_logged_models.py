@@ -16,7 +16,7 @@ from mlflow.entities import LoggedModelStatus
 
 from rlhf_core.artifacts import ArtifactRef, ArtifactStore
 from rlhf_core.config import load_config
-from tasks.tracking import Tracker
+from tasks.tracking import Tracker, _warn_renamed
 
 CONFIG = Path(__file__).parents[1] / "configs" / "mini.yaml"
 MODELS = {"sft": "rlhf-sft-policy", "reward": "rlhf-reward-model", "ppo": "rlhf-policy"}  # stage -> registered name
@@ -31,6 +31,7 @@ def rounds(prefect_api, tmp_path_factory):
     workdir = tmp_path_factory.mktemp("logged")
     cfg = load_config(CONFIG, overrides=[f"workdir={workdir}"])
     rlhf_logger = logging.getLogger("rlhf")
+    _warn_renamed.cache_clear()  # it warns once per name and process: an earlier test may have had the warning
     renamed = _Collect()
     rlhf_logger.addHandler(renamed)
     try:
