@@ -188,7 +188,8 @@ def print_summary(summary: dict) -> None:
     console.print(f"MLflow run: [bold]{mlflow['run_id']}[/bold] in experiment {mlflow['experiment']!r} at {uri}")
     bin_dir = Path(sys.executable).parent
     console.print(f"Open the MLflow UI:  {shlex.quote(str(bin_dir / 'mlflow'))} ui --backend-store-uri "
-                  f"{shlex.quote(uri)} --host 127.0.0.1 --port 5000")
+                  f"{shlex.quote(uri)} --host 127.0.0.1 --port 5000   (then http://127.0.0.1:5000/#/experiments"
+                  f"?workflowType=machine_learning: the model-training view)")
     console.print(f"Open the Prefect UI: {shlex.quote(str(bin_dir / 'prefect'))} server start --host 127.0.0.1 "
                   f"--port 4200   (flow run {summary.get('prefect_flow_run_id')})")
 

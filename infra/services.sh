@@ -55,6 +55,7 @@ case "${1:-}" in
     echo "export PREFECT_API_URL=$PREFECT_API_URL"
     echo "export MLFLOW_TRACKING_URI=$MLFLOW_URI"
     echo "deploy with: RLHF_REPO_DIR=$PWD $BIN/prefect --no-prompt deploy --all"
+    echo "UIs: Prefect http://127.0.0.1:$PREFECT_PORT, MLflow $MLFLOW_URI/#/experiments?workflowType=machine_learning"
     ;;
   status)
     for name in prefect mlflow worker; do

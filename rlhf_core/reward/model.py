@@ -255,10 +255,12 @@ def score_texts(
     max_length: int = 96,
     batch_size: int = 64,
 ) -> torch.Tensor:
-    """(N,) float rewards of each (prompt, response), in eval mode, without gradients."""
+    """(N,) float rewards of each (prompt, response) on the CPU, in eval mode, without gradients; the
+    batches go to the model's device."""
     model.eval()
+    device = next(model.parameters()).device
     out = []
     for i in range(0, len(prompts), batch_size):
         batch = encode(tokenizer, prompts[i : i + batch_size], responses[i : i + batch_size], max_length)
-        out.append(forward_rewards(model, batch).float())
+        out.append(forward_rewards(model, {k: v.to(device) for k, v in batch.items()}).float().cpu())
     return torch.cat(out) if out else torch.zeros(0)

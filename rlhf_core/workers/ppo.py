@@ -60,8 +60,9 @@ def main(argv: list[str] | None = None) -> None:
     checkpoint = Checkpoint(args.checkpoint_dir, cfg, args.seed)
     if checkpoint.exists() and accelerator.is_main_process:
         print(f"resuming from {checkpoint.path}", flush=True)
+    score = reward_scorer(args.reward_model, args.reward_max_length, accelerator.device)  # scored on the GPU too
     policy, tokenizer, history = train_ppo(
-        args.policy_dir, reward_scorer(args.reward_model, args.reward_max_length), prompts, cfg, args.seed,
+        args.policy_dir, score, prompts, cfg, args.seed,
         critic_init_dir=args.reward_model, on_iteration=report, progress=args.progress and accelerator.is_main_process,
         ptx_examples=ptx, gold_fn=gold_scores, checkpoint_dir=args.checkpoint_dir, rank=rank, world_size=world_size,
         device=accelerator.device)
