@@ -19,6 +19,11 @@ from pathlib import Path
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 
 
+def _number(value: float) -> str:
+    """A count as an integer (738 pairs), any other number to 3 decimals."""
+    return str(int(value)) if float(value).is_integer() and abs(value) >= 1 else f"{value:.3f}"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--config", default=None, help="YAML config (default: the embedded demo)")
@@ -61,7 +66,7 @@ def main() -> None:
         "",
         "| | |",
         "|---|---|",
-        *[f"| {k} | {v:.3f} |" if isinstance(v, float) else f"| {k} | {v} |" for k, v in summary["headline"].items()],
+        *[f"| {k} | {_number(v)} |" for k, v in summary["headline"].items() if v is not None],  # None: not in a demo
         "",
     ]
     Path(args.out).write_text("\n".join(lines))
