@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# GPU smoke test of the stages that run as worker groups (generate, vote, reward): the round up to the
-# reward model on SmolLM2-135M-Instruct (configs/smollm2.yaml) with 1 GPU, with N GPUs, and with N GPUs
-# and DeepSpeed ZeRO-2 for the reward model. Each run has its own workdir (num_processes is kept out of
-# the cache key, so a shared workdir would serve the second run from the cache). Not run in the tests:
+# GPU smoke test of the stages that run as worker groups (generate, vote, reward, ppo): the round up to
+# PPO on SmolLM2-135M-Instruct (configs/smollm2.yaml) with 1 GPU, with N GPUs, and with N GPUs and
+# DeepSpeed ZeRO-2 for the reward model. Each run has its own workdir (num_processes is kept out of
+# the cache key, so a shared workdir would serve the second run from the cache). PPO samples 8 prompts per
+# rollout in every run (each rank needs at least one: N <= 8). Not run in the tests:
 # they have no GPU. See docs/workers.md.
 #
 #   bash infra/gpu-smoke.sh [N]     # N: GPUs for the multi-GPU runs, default: every GPU nvidia-smi lists
@@ -18,9 +19,10 @@ run() {  # run LABEL NUM_PROCESSES [--set KEY=VALUE ...]
     local label=$1 n=$2 start
     shift 2
     start=$(date +%s)
-    if ! .venv/bin/rlhf stage reward --config configs/smollm2.yaml --set "workdir=$OUT/$label" \
+    if ! .venv/bin/rlhf stage ppo --config configs/smollm2.yaml --set "workdir=$OUT/$label" \
             --set voting.mode=faithful --set "generation.num_processes=$n" --set "voting.num_processes=$n" \
-            --set "reward.num_processes=$n" "$@" > "$OUT/$label.log" 2>&1; then
+            --set "reward.num_processes=$n" --set "ppo.num_processes=$n" \
+            --set ppo.rollout_prompts=8 "$@" > "$OUT/$label.log" 2>&1; then
         echo "$label: FAILED, last lines of $OUT/$label.log:"
         tail -n 30 "$OUT/$label.log"
         exit 1
@@ -31,5 +33,6 @@ run() {  # run LABEL NUM_PROCESSES [--set KEY=VALUE ...]
 run "gpus-1" 1
 run "gpus-$N" "$N"
 run "gpus-$N-zero2" "$N" --set reward.deepspeed=zero2
-echo "Compare the runs' reward/gold_accuracy_heldout and world_size in MLflow (or the logs): equal world sizes"
-echo "to N and close accuracies say the worker groups ran data parallel."
+echo "Compare the runs' reward/gold_accuracy_heldout, PPO's objective/* curves and world_size in MLflow (or the"
+echo "logs): world sizes equal to N and close numbers say the worker groups ran data parallel (PPO's N-rank"
+echo "run should match the 1-GPU run up to float summation order, docs/workers.md)."
