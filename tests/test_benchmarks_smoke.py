@@ -1,0 +1,51 @@
+"""Every benchmark runs at minimal size, so none rots (issue 12). TRL is the `bench` extra: without it, skip."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import statistics
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+
+
+def _hh_file(path: Path, n: int) -> Path:
+    """n HH-RLHF-style pairs: dialogues sharing every turn but the last Assistant reply."""
+    with gzip.open(path, "wt", encoding="utf-8") as f:
+        for i in range(n):
+            prompt = f"\n\nHuman: What is {i} plus {i}?\n\nAssistant:"
+            f.write(json.dumps({"chosen": f"{prompt} It is {2 * i}.", "rejected": f"{prompt} No idea."}) + "\n")
+    return path
+
+
+def test_trl_reward_benchmark_writes_its_result_and_doc_section(tmp_path):
+    pytest.importorskip("trl")
+    import trl_reward
+
+    out_json, doc = tmp_path / "result.json", tmp_path / "benchmarks.md"
+    doc.write_text("# Benchmarks\n\nan earlier section\n")
+    argv = ["--pairs-file", str(_hh_file(tmp_path / "pairs.jsonl.gz", 20)), "--pairs", "16", "--repeats", "1",
+            "--hidden-size", "32", "--layers", "1", "--max-length", "64", "--json", str(out_json), "--doc", str(doc)]
+    trl_reward.main(argv)
+    trl_reward.main(argv)  # a second run replaces its section, it does not add one
+
+    result = json.loads(out_json.read_text())
+    assert result["setup"]["pairs"] == 16 and result["setup"]["batch_size"] == 16
+    assert result["setup"]["same_token_ids"] is True  # both sides train on the same ids
+    # one token per byte: the templated prompt of pair 15, its reply "It is 30." (the leading space is the
+    # split's) and eos
+    assert result["setup"]["longest_pair_tokens"] == len("Q: \n\nHuman: What is 15 plus 15?\n\nAssistant:\nA:") + 9 + 1
+    for name in ("project", "project_end_token", "trl"):
+        (run,) = result["runs"][name]
+        assert run["steps"] == 1 and run["seconds"] > 0
+        assert run["pairs_per_s"] == pytest.approx(16 / run["seconds"])
+        assert result["median_pairs_per_s"][name] == statistics.median([run["pairs_per_s"]])
+    median = result["median_pairs_per_s"]
+    assert result["ratio_vs_trl"]["project"] == pytest.approx(median["project"] / median["trl"])
+    text = doc.read_text()
+    assert text.startswith("# Benchmarks\n\nan earlier section\n")
+    assert text.count(trl_reward.SECTION_START) == 1 and text.count("| trl |") == 1
