@@ -27,6 +27,7 @@ import json
 import os
 import platform
 import statistics
+import shlex
 import sys
 import tempfile
 import time
@@ -163,7 +164,7 @@ def run_benchmark(args) -> dict:
         "machine": {"cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(), "arch": platform.machine(),
                     "processor": platform.processor() or platform.machine(), "python": platform.python_version(),
                     "torch": torch.__version__, "transformers": _version("transformers"), "trl": _version("trl")},
-        "command": " ".join(["python benchmarks/trl_reward.py", *args.argv]),
+        "command": shlex.join(["python", "benchmarks/trl_reward.py", *args.argv]),
         "setup": {"pairs": len(pairs), "pairs_file": Path(args.pairs_file).name, "batch_size": args.batch_size,
                   "epochs": 1, "dtype": "float32", "max_length": args.max_length, "hidden_size": args.hidden_size,
                   "layers": args.layers, "repeats": args.repeats, "seed": args.seed,
@@ -204,9 +205,9 @@ def markdown_section(result: dict) -> str:
 ## Reward-model training vs TRL's RewardTrainer
 
 Machine: {m['cpus']} CPU cores ({m['processor']}), torch {m['torch']} on {m['torch_threads']} threads, transformers
-{m['transformers']}, TRL {m['trl']}; {result['date']}. The machine was shared: another engineer ran the test suite on
-the same cores during the run, so absolute times are context; the ratios come from contenders run in turn within
-each repeat (order rotated), medians over {s['repeats']} repeats.
+{m['transformers']}, TRL {m['trl']}; {result['date']}. Absolute times are context (the notes below say how busy
+the machine was); the ratios come from contenders run in turn within each repeat (order rotated), medians over
+{s['repeats']} repeats.
 
     {result['command']}
 
