@@ -23,7 +23,6 @@ from rlhf_core.ppo.core import (
     value_loss,
 )
 from rlhf_core.ppo.data_parallel import pad_cat
-from rlhf_core.ppo.sampling import sample_rows
 from rlhf_core.ppo.trainer import build_critic, response_logits, sample_seeds, train_ppo
 
 TINY = PolicyModelConfig(
@@ -289,6 +288,11 @@ def test_sampled_responses_end_at_eos(tiny):
             assert n == ids.shape[0]
         assert "</s>" not in text and "<pad>" not in text
     assert decode_responses(tok, out.response_ids, out.response_mask) == out.texts
+
+
+def sample_rows(model, tok, queries, row_seeds, max_new_tokens, temperature, top_p):
+    """PPO's rollout sampling: one response per query, row i from its own stream (row_seeds[i])."""
+    return sample_batch(model, tok, queries, max_new_tokens, temperature, top_p, row_seeds=row_seeds)
 
 
 def test_row_seeded_sampling_does_not_depend_on_the_batch(tiny):

@@ -14,7 +14,8 @@ import contextlib
 from dataclasses import dataclass
 
 import torch
-from transformers import LogitsProcessor, LogitsProcessorList, PreTrainedTokenizerBase
+from transformers import (LogitsProcessor, LogitsProcessorList, PreTrainedTokenizerBase, TemperatureLogitsWarper,
+                          TopKLogitsWarper, TopPLogitsWarper)
 
 
 @dataclass
@@ -68,6 +69,26 @@ class RepetitionPenalty(LogitsProcessor):
         return torch.where(seen, penalised, scores)
 
 
+class RowGumbelNoise(LogitsProcessor):
+    """Adds each row's own Gumbel noise to its scores: (B, V) -> (B, V). Gumbel-max (Gumbel 1954; Maddison
+    et al. 2014): argmax(log p + g), g = -log(E), E ~ Exp(1) i.i.d., is an exact sample of p. Row i's t-th
+    step draws the t-th V values of its stream seeded with seeds[i], whatever the batch; greedy decoding
+    of the result samples softmax(scores). The streams live on the scores' device (a GPU's own generators),
+    so no noise crosses from the CPU at every step."""
+
+    def __init__(self, seeds: list[int]):
+        self.seeds = seeds
+        self.generators: list[torch.Generator] | None = None  # made at the first step, on the scores' device
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        device, vocab = scores.device, scores.shape[1]
+        if self.generators is None:
+            self.generators = [torch.Generator(device).manual_seed(s) for s in self.seeds]
+        noise = torch.stack([-torch.empty(vocab, device=device).exponential_(generator=g).log()
+                             for g in self.generators])  # (B, V)
+        return scores + noise.to(scores.dtype)  # a filtered token (-inf) stays impossible
+
+
 def _generate_kwargs(temperature: float, top_p: float, top_k: int) -> dict:
     """Sampling switches for model.generate; temperature 0 means greedy."""
     if temperature == 0:
@@ -86,6 +107,7 @@ def sample_batch(
     top_k: int = 0,
     generator_seed: int | None = None,
     repetition_penalty: float = 1.0,
+    row_seeds: list[int] | None = None,
 ) -> Rollout:
     """Sample one response per query (KV cache). Deterministic for a given `generator_seed`.
 
@@ -93,6 +115,10 @@ def sample_batch(
     caller's global torch RNG. Without one it draws from (and advances) the global RNG.
     `top_k=0` means no top-k filter. `repetition_penalty` is the CTRL penalty (`RepetitionPenalty`);
     a model's own generation_config.json cannot add another one.
+
+    `row_seeds` (one per query): row i draws from its own stream seeded with row_seeds[i], by Gumbel-max
+    (`RowGumbelNoise`), so a row's tokens do not depend on the rows beside it: PPO's data-parallel ranks
+    each sample their share of a rollout and together draw what one process draws. Same distribution.
     """
     # Left padding whatever the tokenizer's default: generation appends at the right edge.
     # add_special_tokens=False: many tokenizers would otherwise append eos (or prepend bos) to a query.
@@ -106,6 +132,13 @@ def sample_batch(
     processors = LogitsProcessorList()
     if repetition_penalty != 1.0:
         processors.append(RepetitionPenalty(repetition_penalty, query_mask))
+    generate_kwargs = _generate_kwargs(temperature, top_p, top_k)
+    if row_seeds is not None and temperature > 0:  # sample = argmax of the warped scores + each row's noise
+        processors.append(TemperatureLogitsWarper(temperature))
+        processors.extend([TopKLogitsWarper(top_k)] if top_k > 0 else [])
+        processors.extend([TopPLogitsWarper(top_p)] if top_p < 1.0 else [])
+        processors.append(RowGumbelNoise(row_seeds))
+        generate_kwargs = {"do_sample": False}
 
     seeded = generator_seed is not None
     devices = [] if device.type == "cpu" else [device]
@@ -121,7 +154,7 @@ def sample_batch(
             use_cache=True,
             repetition_penalty=1.0,  # transformers' own (pad-blind) penalty off; ours is in `processors`
             logits_processor=processors,
-            **_generate_kwargs(temperature, top_p, top_k),
+            **generate_kwargs,
         )  # (B, Tq + Tr)
 
     response_ids = out[:, query_ids.shape[1] :]  # (B, Tr)

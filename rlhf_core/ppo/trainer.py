@@ -32,8 +32,8 @@ from rlhf_core.artifacts import atomic_write
 from rlhf_core.config import RESOLVED, PPOConfig
 from rlhf_core.models import format_query, load_policy, load_reward_model, load_tokenizer
 from rlhf_core.ops import entropy_from_logits, logprobs_from_logits, masked_mean, masked_whiten
+from rlhf_core.generation.sampler import sample_batch
 from rlhf_core.ppo.data_parallel import Ranks, pad_cat
-from rlhf_core.ppo.sampling import sample_rows
 from rlhf_core.ppo.core import (
     AdaptiveKLController,
     RunningMoments,
@@ -138,10 +138,12 @@ def sample_seeds(seed: int, iteration: int, prompt_index: int, n: int) -> list[i
 @torch.no_grad()
 def rollout(policy, reference, critic, tokenizer, reward_fn: RewardFn, prompts: list[str], cfg: PPOConfig,
             seeds: list[int], gold_fn: RewardFn | None = None) -> Experience:
-    """Sample one response per prompt (row i from its own stream seeded with seeds[i], `sample_rows`), score
-    them (and take their gold score when gold_fn is given), and record log-probs (policy, reference) and values."""
+    """Sample one response per prompt (row i from its own stream seeded with seeds[i]: `sample_batch`'s
+    row_seeds), score them (and take their gold score when gold_fn is given), and record log-probs (policy,
+    reference) and values."""
     queries = [format_query(tokenizer, p) for p in prompts]
-    sample = sample_rows(policy, tokenizer, queries, seeds, cfg.max_new_tokens, cfg.temperature, cfg.top_p)
+    sample = sample_batch(policy, tokenizer, queries, cfg.max_new_tokens, cfg.temperature, cfg.top_p,
+                          row_seeds=seeds)
     device = sample.response_ids.device
     logits = response_logits(policy, sample, cfg.temperature)  # (B, T, V)
     ref_logits = response_logits(reference, sample, cfg.temperature)
