@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import logging
 import os
-import queue
 import re
 import signal
 import socket
@@ -25,7 +24,6 @@ import sys
 import threading
 import time
 import uuid
-from collections import deque
 from pathlib import Path
 
 import torch
@@ -34,7 +32,7 @@ from tasks.common import _stage_logger
 
 GROUP_ENV = "RLHF_WORKER_GROUP"  # tags every process of one launch (see group_processes)
 GRACE_SECONDS = 10.0  # SIGTERM to SIGKILL: time for the ranks to leave their process group
-POLL_SECONDS = 0.2  # the launcher wakes this often, so an exception raised into its thread lands promptly
+POLL_SECONDS = 0.2  # the launcher sleeps in slices this long, so an exception raised into its thread lands promptly
 TAIL_LINES = 20
 INFRA = Path(__file__).resolve().parent.parent / "infra"
 DEEPSPEED_PRESETS = ("zero2", "zero3")
@@ -152,21 +150,20 @@ def run_worker(module: str, args: list[str], num_processes: int, log_path: Path,
     tag = env[GROUP_ENV] = uuid.uuid4().hex
     logger = logger or _stage_logger()
     name = module.rsplit(".", 1)[-1]
-    lines: queue.Queue[str | None] = queue.Queue()
     with open(log_path, "w") as log, _sigterm_raises():
         proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                 errors="replace", start_new_session=True)
-        threading.Thread(target=_read_lines, args=(proc.stdout, lines), daemon=True).start()
+        reader = _LineReader(proc.stdout, log, logger, name)
+        reader.start()
         try:
-            while (line := _next_line(lines)) is not None:
-                if line:  # logged from this thread: the Prefect run logger lives in its context
-                    log.write(line)
-                    log.flush()
-                    logger.info("%s: %s", name, line.rstrip())
+            while not reader.finished:  # only sleeps: an exception raised into this thread lands here
+                time.sleep(POLL_SECONDS)
             code = proc.wait()
         except BaseException:
             stop_group(proc, tag, grace_seconds)
             raise
+        finally:
+            reader.join(timeout=grace_seconds)
     if code != 0:
         raise WorkerError(failure_message(module, num_processes, code, log_path))
 
@@ -186,21 +183,27 @@ def failure_message(module: str, num_processes: int, code: int, log_path: Path) 
             + "\n".join(tail))
 
 
-def _next_line(lines: queue.Queue) -> str | None:
-    """The next line, "" when none came within POLL_SECONDS, None at the end of the output.
+class _LineReader(threading.Thread):
+    """Copies the group's lines into the log file and the task's logger as they come.
 
-    Waiting in short slices keeps this thread in Python code, where Prefect's timeout and cancellation
-    exceptions are delivered."""
-    try:
-        return lines.get(timeout=POLL_SECONDS)
-    except queue.Empty:
-        return ""
+    The copying happens here, not in the launcher's thread: Prefect delivers a timeout or cancellation
+    by raising into the task's thread, and an exception that lands inside a logging handler's emit is
+    swallowed by `Handler.handleError`, which would leave the launcher waiting on a stuck group. The
+    Prefect run logger can be used from this thread: its records carry the run ids."""
 
+    def __init__(self, stream, log, logger, name: str):
+        super().__init__(daemon=True)
+        self.stream, self.log, self.logger, self.name_ = stream, log, logger, name
+        self.finished = False  # a plain attribute: the launcher polls it without taking a lock
 
-def _read_lines(stream, lines: queue.Queue) -> None:
-    for line in stream:
-        lines.put(line)
-    lines.put(None)  # end of output: the group's leader has closed it (exited)
+    def run(self) -> None:
+        try:
+            for line in self.stream:
+                self.log.write(line)
+                self.log.flush()
+                self.logger.info("%s: %s", self.name_, line.rstrip())
+        finally:
+            self.finished = True  # end of output: the group's leader has closed it (exited)
 
 
 class _sigterm_raises:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import os
 import re
 import signal
 import subprocess
@@ -77,10 +78,35 @@ def test_sigterm_to_the_launching_process_kills_the_whole_group(tmp_path):
     assert stopped_in < 10  # 1 s of grace, then SIGKILL: the ranks ignored the SIGTERM
 
 
+class SlowSwallowingLines(Lines):
+    """Like Prefect's console handler: an exception inside emit goes to handleError and is swallowed.
+    Holds the emit of the group's third line (both ranks and their agent are up by then) for 2 s."""
+
+    def __init__(self):
+        super().__init__()
+        self.holding = threading.Event()
+
+    def emit(self, record):
+        try:
+            super().emit(record)
+            if len(group_pids("\n".join(m for _, m in self.lines))) == 3 and not self.holding.is_set():
+                self.holding.set()
+                for _ in range(20):
+                    time.sleep(0.1)
+        except Exception:
+            self.handleError(record)
+
+    def handleError(self, record):
+        pass  # quietly, as logging.raiseExceptions = False would
+
+
 def test_an_exception_raised_into_the_launcher_stops_the_group(tmp_path):
-    """What a Prefect task timeout does to a sync task running in a worker thread: raise into it."""
-    log, lines, raised = tmp_path / "worker.log", Lines(), []
+    """What a Prefect task timeout does to a sync task running in a worker thread: raise into it. It is
+    raised while a log handler is busy with a line; a launcher that logged from its own thread would
+    have the exception swallowed by the handler and wait on the stuck group for ever."""
+    log, lines, raised = tmp_path / "worker.log", SlowSwallowingLines(), []
     logger = logging.getLogger("test_launch.raise")
+    logger.propagate = False
     logger.addHandler(lines)
     logger.setLevel(logging.INFO)
 
@@ -92,13 +118,20 @@ def test_an_exception_raised_into_the_launcher_stops_the_group(tmp_path):
 
     thread = threading.Thread(target=launch)
     thread.start()
-    wait_for(lambda: len(group_pids("\n".join(m for _, m in lines.lines))) == 3)
-    pids = group_pids(log.read_text())
-    assert thread.is_alive() and all(alive(pid) for pid in pids)  # streamed while the ranks still run
-    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread.ident), ctypes.py_object(TimeoutError))
-    thread.join(timeout=30)
-    assert not thread.is_alive() and isinstance(raised[0], TimeoutError)
-    assert not [pid for pid in pids if alive(pid)]
+    try:
+        assert lines.holding.wait(timeout=60)
+        pids = group_pids(log.read_text())
+        assert thread.is_alive() and all(alive(pid) for pid in pids)  # streamed while the ranks still run
+        ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread.ident), ctypes.py_object(TimeoutError))
+        thread.join(timeout=30)
+        assert not thread.is_alive() and isinstance(raised[0], TimeoutError)
+        assert not [pid for pid in pids if alive(pid)]
+    finally:
+        logger.removeHandler(lines)
+        logger.propagate = True
+        if thread.is_alive():  # the launcher missed the exception: free the test run from the stuck group
+            for pid in group_pids(log.read_text()):
+                os.kill(pid, signal.SIGKILL)
 
 
 def test_a_failing_rank_is_named_with_its_exit_code_and_last_lines(tmp_path):
@@ -143,3 +176,35 @@ def test_a_prefect_task_timeout_stops_the_group(prefect_api, tmp_path):
         stage()
     pids = group_pids(log.read_text())
     assert len(pids) == 3 and not [pid for pid in pids if alive(pid)]
+
+
+def test_the_ranks_lines_reach_the_prefect_task_runs_log(prefect_api, tmp_path):
+    """The lines are logged from the launcher's reader thread; the run logger's records still carry the run."""
+    from prefect import flow, task
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import LogFilter, LogFilterTaskRunId
+    from prefect.logging.handlers import APILogHandler
+    from prefect.runtime import task_run
+
+    @task
+    def launch() -> str:
+        run_worker(PROBE, ["--sleep", "0"], 2, tmp_path / "worker.log")
+        return task_run.id
+
+    @flow
+    def stage() -> str:
+        return launch()
+
+    task_runs = logging.getLogger("prefect.task_runs")  # conftest quiets Prefect to WARNING; the lines are INFO
+    level = task_runs.level
+    task_runs.setLevel(logging.INFO)
+    try:
+        task_run_id = stage()
+    finally:
+        task_runs.setLevel(level)
+    APILogHandler().flush()  # the run loggers send their records to the API in batches
+    with get_client(sync_client=True) as client:
+        logs = client.read_logs(LogFilter(task_run_id=LogFilterTaskRunId(any_=[task_run_id])))
+    messages = [log.message for log in logs]
+    for rank in (0, 1):
+        assert any(m.startswith(f"probe: [default{rank}]:rank {rank} pid ") for m in messages), messages
