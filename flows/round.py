@@ -76,9 +76,10 @@ def headline_metric(stage: str, key: str) -> str:
     return f"headline/{stage}/{key}" if stage.startswith("evaluate_vs_") else f"headline/{key}"
 
 
-def open_round(config: RoundConfig, round_no: int = 1, run_name: str | None = None) -> RunContext:
+def open_round(config: RoundConfig, round_no: int = 1, run_name: str | None = None,
+               series_run_id: str | None = None) -> RunContext:
     """Create the round's parent MLflow run (named `run_name`, default round-{name}-{round_no}), tagged with the
-    Prefect flow run."""
+    Prefect flow run; nested under `series_run_id` (rlhf-rounds' run) when given."""
     workdir = Path(config.workdir).resolve()
     uri = config.tracking_uri or default_tracking_uri(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
@@ -95,7 +96,7 @@ def open_round(config: RoundConfig, round_no: int = 1, run_name: str | None = No
         "prefect.flow_run_name": str(flow_run.name or ""),
         "prefect.flow_run_url": str(flow_run.ui_url or ""),
     }
-    parent = tracker.start_run(run_name or f"round-{config.name}-{round_no}", tags)
+    parent = tracker.start_run(run_name or f"round-{config.name}-{round_no}", tags, parent_run_id=series_run_id)
     tracker.log_params(parent, config.model_dump(mode="json", context=RESOLVED))  # preset switches as values
     return RunContext(workdir=str(workdir), tracking_uri=uri, experiment=config.experiment, parent_run_id=parent,
                       round_name=config.name, round_no=round_no, flow_run_id=flow_run_id)
@@ -180,7 +181,8 @@ StageName = Literal["world", "sft", "sample", "generate", "annotators", "import_
 @flow(name="rlhf-round", version=rlhf_core.__version__, log_prints=True)
 def rlhf_round(config: RoundConfig = RoundConfig(), stop_after: StageName | None = None, round_no: int = 1,
                start_policy: ArtifactRef | None = None, config_path: str | None = None,
-               earlier_pairs: ArtifactRef | None = None, annotation_exports: list[str] | None = None) -> dict[str, Any]:
+               earlier_pairs: ArtifactRef | None = None, annotation_exports: list[str] | None = None,
+               series_run_id: str | None = None) -> dict[str, Any]:
     """One RLHF round on the configured world; returns the summary (also logged to MLflow).
 
     The world, the SFT policy, the reward-model backbone and the ptx data are those of round 1 in
@@ -201,21 +203,22 @@ def rlhf_round(config: RoundConfig = RoundConfig(), stop_after: StageName | None
             1's pairs); with iteration.pairs accumulate, this round votes on and trains with them and its own.
         annotation_exports: annotation export files this round imports instead of the config's
             annotation.exports (rlhf-round/on-new-export sets it to the file rlhf-watch-exports announced).
+        series_run_id: the MLflow run this round's run nests under (rlhf-rounds sets it to its own); empty = none.
 
     A round that runs to its evaluation emits the Prefect event rlhf.round.completed (flows/chaining.py),
     which rlhf-round/next-round's trigger turns into the next round.
     """
     config = checked_round_config(config, config_path, annotation_exports)
     with lock_workdir(config.workdir):  # one round at a time per workdir (its store, scratch and mlflow.db)
-        summary = _run_stages(config, stop_after, round_no, start_policy, earlier_pairs)
+        summary = _run_stages(config, stop_after, round_no, start_policy, earlier_pairs, series_run_id)
     if stop_after is None:
         emit_event(**round_completed(config, summary, subflow=flow_run.parent_flow_run_id is not None))
     return summary
 
 
-def _run_stages(config: RoundConfig, stop_after: StageName | None, round_no: int,
-                start_policy: ArtifactRef | None, earlier_pairs: ArtifactRef | None) -> dict[str, Any]:
-    ctx = open_round(config, round_no)
+def _run_stages(config: RoundConfig, stop_after: StageName | None, round_no: int, start_policy: ArtifactRef | None,
+                earlier_pairs: ArtifactRef | None, series_run_id: str | None = None) -> dict[str, Any]:
+    ctx = open_round(config, round_no, series_run_id=series_run_id)
     seed, simulated = config.seed + round_no - 1, not config.annotation.exports
     out: dict[str, ArtifactRef] = {}
 
@@ -334,17 +337,58 @@ def rlhf_rounds(config: RoundConfig = RoundConfig(), n_rounds: int = 2,
     if n_rounds < 1:
         raise ValueError(f"n_rounds must be >= 1, got {n_rounds}")
     config = resolve_round_config(config, config_path)
+    tracker, series = open_series(config, n_rounds)
     summaries: list[dict[str, Any]] = []
     start: ArtifactRef | None = None
     pairs: ArtifactRef | None = None  # the pairs of the rounds so far
-    for round_no in range(1, n_rounds + 1):
-        summary = rlhf_round(config=config, round_no=round_no, start_policy=start, earlier_pairs=pairs)
-        summaries.append(summary)
-        if summary["stop"]:
-            get_run_logger().warning("iterated rounds stop after round %d of %d: %s", round_no, n_rounds,
-                                     summary["stop"])
-            break
-        start = ArtifactRef(**summary["artifacts"]["ppo"])
-        artifacts = summary["artifacts"]
-        pairs = ArtifactRef(**artifacts.get("accumulate_pairs", artifacts["import_annotations"]))
+    try:
+        for round_no in range(1, n_rounds + 1):
+            summary = rlhf_round(config=config, round_no=round_no, start_policy=start, earlier_pairs=pairs,
+                                 series_run_id=series)
+            summaries.append(summary)
+            log_series_round(tracker, series, summary)
+            if summary["stop"]:
+                get_run_logger().warning("iterated rounds stop after round %d of %d: %s", round_no, n_rounds,
+                                         summary["stop"])
+                break
+            start = ArtifactRef(**summary["artifacts"]["ppo"])
+            artifacts = summary["artifacts"]
+            pairs = ArtifactRef(**artifacts.get("accumulate_pairs", artifacts["import_annotations"]))
+    except BaseException:
+        tracker.end_run(series, status="FAILED")
+        raise
+    tracker.set_tags(series, {"rlhf.series.rounds_run": str(len(summaries)),
+                              "rlhf.series.stop_reason": summaries[-1]["stop"] or ""})
+    tracker.end_run(series)
     return summaries
+
+
+SERIES_WORKDIR_TAG = "rlhf.series_workdir"  # not rlhf.workdir: each round closes that tag's RUNNING runs as killed
+
+
+def open_series(config: RoundConfig, n_rounds: int) -> tuple[Tracker, str]:
+    """The MLflow run of an rlhf-rounds flow run: each round's run nests under it, and it holds the headline
+    numbers per round (step = round number), so the rounds compare as curves. A series run of the same workdir
+    left RUNNING by a killed rlhf-rounds is marked KILLED first (one rlhf-rounds per workdir at a time)."""
+    workdir = Path(config.workdir).resolve()
+    workdir.mkdir(parents=True, exist_ok=True)
+    tracker = Tracker(config.tracking_uri or default_tracking_uri(workdir), config.experiment,
+                      workdir / "mlartifacts")
+    if killed := tracker.close_killed_runs(str(workdir), tag=SERIES_WORKDIR_TAG):
+        get_run_logger().warning("marked %d rlhf-rounds MLflow run(s) of %s KILLED: left RUNNING by a killed "
+                                 "process", killed, workdir)
+    tags = {SERIES_WORKDIR_TAG: str(workdir), "rlhf.round": config.name, "rlhf.config_digest": config_digest(config),
+            "rlhf.code_version": code_version(), "prefect.flow_run_id": str(flow_run.id or ""),
+            "prefect.flow_run_name": str(flow_run.name or ""), "prefect.flow_run_url": str(flow_run.ui_url or "")}
+    series = tracker.start_run(f"rounds-{config.name}", tags)
+    tracker.log_params(series, {"n_rounds": n_rounds, **config.model_dump(mode="json", context=RESOLVED)})
+    return tracker, series
+
+
+def log_series_round(tracker: Tracker, series: str, summary: dict[str, Any]) -> None:
+    """One round's headline numbers on the series run, at step = its round number."""
+    headline = summary["headline"]
+    tracker.log_metrics(series, {headline_metric(stage, key): headline[name] for name, (stage, key) in HEADLINE.items()
+                                 if headline.get(name) is not None}, step=summary["round_no"])
+    tracker.log_metrics(series, {"series/promoted": float(bool((summary["promotion"] or {}).get("promoted")))},
+                        step=summary["round_no"])

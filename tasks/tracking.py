@@ -129,12 +129,12 @@ class Tracker:
     def end_run(self, run_id: str, status: str = "FINISHED") -> None:
         self.client.set_terminated(run_id, status=status)
 
-    def close_killed_runs(self, workdir: str) -> int:
-        """Mark KILLED the runs of `workdir` still RUNNING, and FAILED the logged models they left PENDING:
-        called under the workdir's lock, so no live round owns them; a killed process left them. Returns how
-        many runs."""
+    def close_killed_runs(self, workdir: str, tag: str = "rlhf.workdir") -> int:
+        """Mark KILLED the runs whose `tag` is `workdir` still RUNNING, and FAILED the logged models they left
+        PENDING: called under the workdir's lock, so no live round owns them; a killed process left them.
+        Returns how many runs."""
         stale = self.client.search_runs(
-            [self.experiment_id], filter_string=f"attributes.status = 'RUNNING' and tags.`rlhf.workdir` = '{workdir}'",
+            [self.experiment_id], filter_string=f"attributes.status = 'RUNNING' and tags.`{tag}` = '{workdir}'",
             max_results=1000)
         for run in stale:
             self.client.set_terminated(run.info.run_id, status="KILLED")

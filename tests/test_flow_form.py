@@ -66,5 +66,6 @@ def test_the_round_form_puts_what_changes_per_round_first():
 def test_the_flow_parameters_keep_their_signature_order():
     properties = schema_of(rlhf_round)["properties"]
     assert [name for name, _ in sorted(properties.items(), key=lambda item: item[1]["position"])] == [
-        "config", "stop_after", "round_no", "start_policy", "config_path", "earlier_pairs", "annotation_exports"]
+        "config", "stop_after", "round_no", "start_policy", "config_path", "earlier_pairs", "annotation_exports",
+        "series_run_id"]
     assert properties["config"]["description"].startswith("the whole round")

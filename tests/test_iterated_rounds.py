@@ -94,3 +94,22 @@ def test_a_stop_threshold_above_1_ends_the_rounds_after_round_2(iterated):
     with get_client(sync_client=True) as client:
         logs = client.read_logs(LogFilter(flow_run_id=LogFilterFlowRunId(any_=[r2["prefect_flow_run_id"]])))
     assert f"iterated rounds stop after this round: {reason}" in [log.message for log in logs]
+
+
+def test_the_rounds_nest_under_one_mlflow_run_that_holds_their_headlines_per_round(iterated):
+    workdir, (r1, r2) = iterated
+    client = MlflowClient(r1["mlflow"]["tracking_uri"])
+    round_runs = [client.get_run(r["mlflow"]["run_id"]) for r in (r1, r2)]
+    series_id = round_runs[0].data.tags["mlflow.parentRunId"]
+    assert round_runs[1].data.tags["mlflow.parentRunId"] == series_id
+    series = client.get_run(series_id)
+    assert series.info.run_name == "rounds-mini" and series.info.status == "FINISHED"
+    assert series.data.tags["rlhf.series_workdir"] == str(Path(workdir).resolve())
+    assert series.data.tags["rlhf.series.rounds_run"] == "2" and series.data.tags["rlhf.series.stop_reason"] == r2["stop"]
+    assert series.data.params["n_rounds"] == "3"
+    gold = client.get_metric_history(series_id, "headline/eval/policy/gold")
+    assert [(m.step, m.value) for m in sorted(gold, key=lambda m: m.step)] == [
+        (1, pytest.approx(r1["headline"]["gold score, new policy"])),
+        (2, pytest.approx(r2["headline"]["gold score, new policy"]))]
+    vs_previous = client.get_metric_history(series_id, "headline/evaluate_vs_previous/eval/judge/win_rate")
+    assert [m.step for m in vs_previous] == [2]  # round 1 has no round before it
