@@ -321,6 +321,13 @@ class RewardTrainConfig(StrictModel):
     )
     epochs: int = Field(2, ge=1, description="passes over the training pairs")
     batch_size: int = Field(16, ge=1, description="pairs per optimiser step (the global batch over all ranks)")
+    batching: Literal["random", "length_grouped"] = Field(
+        "random", description="random: each epoch a seeded permutation cut into batches; length_grouped: the "
+        "permutation cut into mega-batches (50 batches, fewer so that there are at least 4: transformers' "
+        "group_by_length), each sorted by pair length and cut into batches, the batches then shuffled, so a batch "
+        "holds pairs of similar length and pads less (issue 12: Part I's token-balanced batching, here with a "
+        "fixed number of pairs per batch)",
+    )
     lr: float = Field(1e-4, gt=0, description="learning rate of the backbone (small: it keeps what it knows)")
     head_lr: float | None = Field(
         3e-3, gt=0, description="learning rate of the fresh head and the log-likelihood weight; None = lr"
@@ -561,6 +568,14 @@ class PPOConfig(StrictModel):
         "rows of every minibatch; reward moments, advantage whitening and metrics are over the whole rollout, so the "
         "result is the 1-process one up to float summation order; 1 = in-process. At most rollout_prompts",
     )
+    deepspeed: str | None = Field(
+        None, description="DeepSpeed ZeRO-2 for the policy and the critic (Rajbhandari et al. 2020: optimizer state "
+        "and gradients partitioned over the worker ranks; one engine per trained model, as OpenRLHF's actor and "
+        "critic): null = off; zero2 = infra/deepspeed/zero2.json; or the path of a DeepSpeed JSON config (stage 1 "
+        "or 2, fp32, no optimizer or scheduler section). The same steps as plain data parallelism; a checkpoint "
+        "resumes on as many ranks. ZeRO-3 is refused here: it partitions the weights, and each rank's generation "
+        "would need every other rank in every decoding step",
+    )
 
     @property
     def steps_per_iteration(self) -> int:
@@ -585,6 +600,10 @@ class PPOConfig(StrictModel):
         self._from_preset = unset
         if self.reward_norm and self.reward_scaling:
             raise ValueError("ppo.reward_norm and ppo.reward_scaling are alternatives: set one of them false")
+        if self.deepspeed not in (None, "zero2") and not self.deepspeed.endswith(".json"):
+            raise ValueError(f"ppo.deepspeed {self.deepspeed!r}: give null, zero2 or the path of a DeepSpeed JSON "
+                             "config (zero3 partitions the weights, and each rank's generation would need every "
+                             "other rank in every decoding step)")
         if self.num_processes > self.rollout_prompts:
             raise ValueError(f"ppo.num_processes ({self.num_processes}) exceeds ppo.rollout_prompts "
                              f"({self.rollout_prompts}): every rank samples at least one prompt per rollout")

@@ -51,24 +51,25 @@ def train_policy(ctx: RunContext, cfg: PPOConfig, policy: ArtifactRef, reward_mo
     return run_stage(ctx, stage="ppo", version=VERSION, kind="policy", config=config,
                      inputs={"policy": policy, "reward_model": reward_model, "world": world, "sft": sft},
                      produce=produce, register_as="rlhf-policy",
-                     execution={"num_processes": cfg.num_processes})  # the same policy on any number of ranks
+                     execution={"num_processes": cfg.num_processes, "deepspeed": cfg.deepspeed})  # the same policy
 
 
 def train_on_ranks(cfg: PPOConfig, policy_dir: Path, reward_dir: Path, reward_max_length: int, prompts: list[str],
                    ptx: list[tuple[str, str]] | None, seed: int, scratch: Path,
                    on_iteration: Callable[[dict[str, float]], None]) -> tuple[nn.Module, object, list[dict]]:
-    """`train_ppo` in this process, or as cfg.num_processes data-parallel worker ranks that leave the policy
-    and its history in `scratch`/policy (rank 0 writes). Either way the checkpoints live in `scratch`, so a
-    run killed on any number of ranks resumes on any number; with ranks, `on_iteration` sees every
-    iteration once the group is done (their lines reach the task's log as they come)."""
-    if cfg.num_processes == 1:
+    """`train_ppo` in this process, or as cfg.num_processes data-parallel worker ranks (through DeepSpeed when
+    cfg.deepspeed) that leave the policy and its history in `scratch`/policy (rank 0 writes). Either way the
+    checkpoints live in `scratch`, so a run killed on any number of ranks resumes on any number (under
+    DeepSpeed: on as many); with ranks, `on_iteration` sees every iteration once the group is done (their
+    lines reach the task's log as they come)."""
+    if cfg.num_processes == 1 and cfg.deepspeed is None:
         return train_ppo(policy_dir, reward_scorer(reward_dir, reward_max_length), prompts, cfg, seed=seed,
                          critic_init_dir=reward_dir, on_iteration=on_iteration, progress=True, ptx_examples=ptx,
                          gold_fn=gold_scores, checkpoint_dir=scratch)
     policy_out = scratch / "policy"
     # no --progress: each refresh of a bar would be a line in the Prefect run log
     run_worker(WORKER, worker_args(cfg, policy_dir, reward_dir, reward_max_length, prompts, ptx, seed, scratch),
-               cfg.num_processes, scratch / "worker.log")
+               cfg.num_processes, scratch / "worker.log", deepspeed=cfg.deepspeed)
     world_size = int((policy_out / "world_size.txt").read_text())
     if world_size != cfg.num_processes:
         raise RuntimeError(f"PPO asked for {cfg.num_processes} ranks and ran with {world_size}: "

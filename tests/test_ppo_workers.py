@@ -58,10 +58,10 @@ def one_process(dirs, tmp_path_factory):
     return run(CFG, dirs, tmp_path_factory.mktemp("one"))
 
 
-def assert_same_run(one, two) -> float:
+def assert_same_run(one, two, iterations: int = CFG.iterations) -> float:
     """The same metrics every iteration, and the same final weights; returns the largest weight difference."""
     (policy_one, history_one), (policy_two, history_two) = one, two
-    assert len(history_two) == len(history_one) == CFG.iterations
+    assert len(history_two) == len(history_one) == iterations
     for a, b in zip(history_one, history_two):
         assert a.keys() == b.keys()
         for k in a:

@@ -17,6 +17,7 @@ the minibatch's tokens, and the gradients are summed over the ranks before clipp
 from __future__ import annotations
 
 import itertools
+import shutil
 from collections import defaultdict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -34,10 +35,10 @@ from rlhf_core.models import format_query, load_policy, load_reward_model, load_
 from rlhf_core.ops import entropy_from_logits, logprobs_from_logits, masked_mean, masked_whiten
 from rlhf_core.generation.sampler import sample_batch
 from rlhf_core.ppo.data_parallel import Ranks, pad_cat
+from rlhf_core.ppo.learner import DeepSpeedLearner, Learner, engine_config
 from rlhf_core.ppo.core import (
     AdaptiveKLController,
     RunningMoments,
-    lr_factor,
     explained_variance,
     gae,
     normalize_and_clip,
@@ -49,7 +50,7 @@ from rlhf_core.ppo.core import (
 from rlhf_core.sft import collate, encode_example
 
 RewardFn = Callable[[list[str], list[str]], torch.Tensor]  # (prompts, responses) -> scores (B,)
-EXECUTION_SETTINGS = frozenset({"num_processes"})  # how PPO runs, not what it computes: out of keys and checkpoints
+EXECUTION_SETTINGS = frozenset({"num_processes", "deepspeed"})  # how PPO runs, not what it computes: out of keys and checkpoints
 
 
 class Critic(nn.Module):
@@ -197,48 +198,6 @@ def compute_advantages(exp: Experience, moments: RunningMoments, cfg: PPOConfig,
     return exp
 
 
-@dataclass
-class Learner:
-    """A model with its optimiser and learning-rate schedule; `step` is one optimiser step."""
-
-    model: nn.Module
-    optimizer: torch.optim.Optimizer
-    schedule: torch.optim.lr_scheduler.LambdaLR
-
-    @classmethod
-    def build(cls, model: nn.Module, lr: float, schedule: str, warmup_steps: int, total_steps: int) -> "Learner":
-        optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
-        factor = lambda step: lr_factor(step, schedule, warmup_steps, total_steps)  # noqa: E731
-        return cls(model, optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, factor))
-
-    def step(self, loss: torch.Tensor | None, max_grad_norm: float, ranks: Ranks = Ranks()) -> None:
-        """loss: this rank's part of the global minibatch's loss (None: no rows here, it adds nothing)."""
-        self.optimizer.zero_grad()
-        if loss is not None:
-            loss.backward()
-        ranks.sum_gradients(self.model)  # the global minibatch's gradient, on every rank
-        nn.utils.clip_grad_norm_(self.model.parameters(), max_grad_norm)  # global norm over all parameters
-        self.optimizer.step()
-        self.schedule.step()
-
-    @property
-    def lr(self) -> float:
-        return self.optimizer.param_groups[0]["lr"]
-
-    def state_dict(self) -> dict:
-        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
-                "schedule": self.schedule.state_dict()}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.schedule.load_state_dict(state["schedule"])
-
-
-def _added(a: torch.Tensor | None, b: torch.Tensor) -> torch.Tensor:
-    return b if a is None else a + b
-
-
 def policy_step(policy: Learner, mb: Experience, share: float, cfg: PPOConfig, ptx_batch=None,
                 ranks: Ranks = Ranks()) -> dict[str, float]:
     """One clipped-surrogate step on a minibatch, plus cfg.ptx_coef * the LM loss on a batch of
@@ -247,30 +206,30 @@ def policy_step(policy: Learner, mb: Experience, share: float, cfg: PPOConfig, p
     mb: this rank's rows of the global minibatch; share: their fraction of its response tokens (1 for
     one rank). Token means weighted by their share sum over the ranks to the global minibatch's means,
     for the loss and the metrics alike. The ptx batch is split over the ranks the same way."""
-    loss, parts = None, dict.fromkeys(("loss/policy", "loss/entropy_bonus", "policy/approx_kl", "policy/clipfrac"), 0.0)
-    if len(mb.response_ids):
-        logits = response_logits(policy.model, mb, cfg.temperature)  # (b, T, V)
-        logp = logprobs_from_logits(logits, mb.response_ids)  # (b, T)
-        pg_loss, metrics = policy_loss(logp, mb.logp, mb.advantages, mb.response_mask, cfg.clip_coef)
-        entropy = masked_mean(entropy_from_logits(logits), mb.response_mask) if cfg.ent_coef else torch.zeros(())
-        loss = share * (pg_loss - cfg.ent_coef * entropy)
-        parts = {"loss/policy": share * pg_loss.item(), "loss/entropy_bonus": share * cfg.ent_coef * entropy.item(),
-                 "policy/approx_kl": share * metrics["approx_kl"], "policy/clipfrac": share * metrics["clipfrac"]}
-    parts["loss/ptx"] = 0.0
+    logits = response_logits(policy.model, mb, cfg.temperature)  # (b, T, V)
+    logp = logprobs_from_logits(logits, mb.response_ids)  # (b, T)
+    pg_loss, metrics = policy_loss(logp, mb.logp, mb.advantages, mb.response_mask, cfg.clip_coef)
+    entropy = masked_mean(entropy_from_logits(logits), mb.response_mask) if cfg.ent_coef else torch.zeros(())
+    loss = share * (pg_loss - cfg.ent_coef * entropy)
+    parts = {"loss/policy": share * pg_loss.item(), "loss/entropy_bonus": share * cfg.ent_coef * entropy.item(),
+             "policy/approx_kl": share * metrics["approx_kl"], "policy/clipfrac": share * metrics["clipfrac"],
+             "loss/ptx": 0.0}
     if ptx_batch is not None:
         ptx_rows, ptx_share = _ptx_shard(ptx_batch, ranks)
-        if ptx_share:
-            ptx_loss = policy.model(**{k: v[ptx_rows] for k, v in ptx_batch.items()}).loss
-            loss = _added(loss, cfg.ptx_coef * ptx_share * ptx_loss)
-            parts["loss/ptx"] = ptx_share * ptx_loss.item()
+        ptx_loss = policy.model(**{k: v[ptx_rows] for k, v in ptx_batch.items()}).loss
+        loss = loss + cfg.ptx_coef * ptx_share * ptx_loss
+        parts["loss/ptx"] = ptx_share * ptx_loss.item()
     policy.step(loss, cfg.max_grad_norm, ranks)
     return ranks.sum_metrics(parts)
 
 
 def _ptx_shard(ptx_batch: dict[str, torch.Tensor], ranks: Ranks) -> tuple[slice, float]:
     """This rank's rows of a ptx batch and their share of its predicted tokens (the LM loss is a mean over
-    the labels after the shift)."""
+    the labels after the shift). A rank with no rows gets the first row as a stand-in with share 0 (see
+    `update`: every rank runs the same forwards)."""
     rows = ranks.shard(len(ptx_batch["labels"]))
+    if not len(rows):
+        return slice(0, 1), 0.0
     predicted = (ptx_batch["labels"][:, 1:] != -100).sum(1)  # (B,)
     return slice(rows.start, rows.stop), int(predicted[rows.start : rows.stop].sum()) / int(predicted.sum())
 
@@ -278,15 +237,11 @@ def _ptx_shard(ptx_batch: dict[str, torch.Tensor], ranks: Ranks) -> tuple[slice,
 def critic_step(critic: Learner, mb: Experience, share: float, cfg: PPOConfig,
                 ranks: Ranks = Ranks()) -> dict[str, float]:
     """One (optionally clipped) value-loss step on this rank's rows of a minibatch (see `policy_step`)."""
-    loss, parts = None, {"loss/value": 0.0, "value/error": 0.0, "value/clipfrac": 0.0}
-    if len(mb.response_ids):
-        values = response_values(critic.model, mb)  # (b, T)
-        v_loss, metrics = value_loss(
-            values, mb.values, mb.returns, mb.response_mask, cfg.value_clip, cfg.clip_vloss
-        )
-        loss = share * cfg.vf_coef * v_loss
-        parts = {"loss/value": share * v_loss.item(), "value/error": share * metrics["error"],
-                 "value/clipfrac": share * metrics["clipfrac"]}
+    values = response_values(critic.model, mb)  # (b, T)
+    v_loss, metrics = value_loss(values, mb.values, mb.returns, mb.response_mask, cfg.value_clip, cfg.clip_vloss)
+    loss = share * cfg.vf_coef * v_loss
+    parts = {"loss/value": share * v_loss.item(), "value/error": share * metrics["error"],
+             "value/clipfrac": share * metrics["clipfrac"]}
     critic.step(loss, cfg.max_grad_norm, ranks)
     return ranks.sum_metrics(parts)
 
@@ -304,7 +259,10 @@ def update(policy: Learner, critic: Learner, exp: Experience, cfg: PPOConfig, fi
     for _ in range(cfg.ppo_epochs):
         for idx in torch.randperm(exp.response_ids.shape[0], generator=gen).split(cfg.mini_batch_size):
             mine = idx[(idx >= own_rows.start) & (idx < own_rows.stop)]
-            mb, share = exp.minibatch(mine), int(tokens[mine].sum()) / int(tokens[idx].sum())
+            share = int(tokens[mine].sum()) / int(tokens[idx].sum())
+            if not len(mine):  # a stand-in row weighted 0, so every rank runs the same forwards and backwards
+                mine = idx[:1]  # (DeepSpeed's engine reduces gradients in the order the backward makes them)
+            mb = exp.minibatch(mine)
             step_metrics = critic_step(critic, mb, share, cfg, ranks)
             if step >= cfg.critic_warmup_steps:
                 ptx_batch = next(ptx_batches) if ptx_batches is not None else None
@@ -374,6 +332,7 @@ def train_ppo(
     rank: int = 0,
     world_size: int = 1,
     device: torch.device | None = None,
+    deepspeed: dict | None = None,
 ) -> tuple[nn.Module, object, list[dict[str, float]]]:
     """PPO-max fine-tuning of the policy in `policy_dir` against `reward_fn`.
 
@@ -390,7 +349,9 @@ def train_ppo(
     only rank 0 writes checkpoints. Each prompt's responses are drawn with a seed of its index in the
     rollout (`sample_seeds`), so N ranks sample what one process samples. `device`: where the models and
     tensors live (a worker rank's GPU); None = where the models load (CPU). The reward and gold functions
-    take this rank's rows and may return their scores on any device.
+    take this rank's rows and may return their scores on any device. `deepspeed`: a DeepSpeed JSON config
+    (ZeRO stage 1 or 2; the ppo worker's, when launched with one): the policy and the critic then train
+    through DeepSpeed engines (`DeepSpeedLearner`), the same steps; the reference stays a plain module.
     """
     if cfg.ptx_coef > 0 and not ptx_examples:
         raise ValueError("ppo.ptx_coef > 0 needs ptx_examples (the SFT data); pass them or set ptx_coef: 0")
@@ -399,12 +360,16 @@ def train_ppo(
     device = device or torch.device("cpu")
     tokenizer = load_tokenizer(policy_dir)
     total_steps = cfg.iterations * cfg.steps_per_iteration
+    learner = Learner.build
+    if deepspeed is not None:
+        ds_config = engine_config(deepspeed, cfg.max_grad_norm)
+        learner = lambda *args: DeepSpeedLearner.build(*args, config=ds_config)  # noqa: E731
     # eval(): no dropout, so the first PPO epoch starts exactly at ratio = 1.
-    policy = Learner.build(load_policy(policy_dir).to(device).eval(), cfg.policy_lr, cfg.lr_schedule,
+    policy = learner(load_policy(policy_dir).to(device).eval(), cfg.policy_lr, cfg.lr_schedule,
                            cfg.policy_lr_warmup_steps, total_steps - cfg.critic_warmup_steps)
     reference = load_policy(policy_dir).to(device).eval().requires_grad_(False)  # frozen initial policy
     use_reward_model = cfg.critic_from_reward_model and critic_init_dir is not None
-    critic = Learner.build(build_critic(policy_dir, critic_init_dir if use_reward_model else None).to(device).eval(),
+    critic = learner(build_critic(policy_dir, critic_init_dir if use_reward_model else None).to(device).eval(),
                            cfg.critic_lr, cfg.lr_schedule, cfg.critic_lr_warmup_steps, total_steps)
     moments = RunningMoments()
     kl_control = None if cfg.kl_target is None else AdaptiveKLController(cfg.kl_coef, cfg.kl_target, cfg.kl_horizon)
@@ -447,8 +412,8 @@ def train_ppo(
         if kl_control is not None:  # the next rollout's coefficient, from this one's KL
             kl_control.update(metrics["objective/kl"], n_steps=exp.response_ids.shape[0])
         history.append(metrics)
-        if checkpoint is not None and rank == 0 and cfg.checkpoint_every and (it + 1) % cfg.checkpoint_every == 0:
-            checkpoint.save(history, policy, critic, moments, kl_control, gen)
+        if checkpoint is not None and cfg.checkpoint_every and (it + 1) % cfg.checkpoint_every == 0:
+            checkpoint.save(history, policy, critic, moments, kl_control, gen, ranks)
         bar.set_postfix({k.split("/")[-1]: f"{metrics[k]:.3g}" for k in PROGRESS_KEYS if k in metrics}, refresh=False)
         if on_iteration is not None:
             on_iteration(metrics)
@@ -459,16 +424,23 @@ PROGRESS_KEYS = ("objective/score", "objective/gold", "objective/kl", "objective
 
 
 class Checkpoint:
-    """The whole training state in one file, `<directory>/checkpoint.pt`, replaced atomically.
+    """The whole training state, `<directory>/checkpoint.pt`, replaced atomically.
 
     It holds what the next iteration depends on: policy and critic weights with their optimiser
     and schedule states, the running reward moments, the adaptive KL coefficient, the minibatch
     shuffle's RNG state and the metrics so far (their count is the data position). The config and
     seed are stored too, and a checkpoint of another run is refused rather than resumed.
+
+    Under DeepSpeed (`DeepSpeedLearner`) each rank holds a partition of the optimiser state: every rank
+    writes its own with the engine's save_checkpoint into `<directory>/deepspeed/iteration-<n>/`, and
+    checkpoint.pt, written last, names that directory; older ones are removed only after it is replaced,
+    so a kill at any moment leaves a complete checkpoint. Such a checkpoint resumes on as many ranks, under
+    DeepSpeed; a plain one on any number of ranks, without.
     """
 
     def __init__(self, directory: str | Path, cfg: PPOConfig, seed: int):
         self.path = Path(directory) / "checkpoint.pt"
+        self.engines = Path(directory) / "deepspeed"
         # the number of ranks is left out: a run killed on N ranks resumes on any number
         self.run = {"config": cfg.model_dump(mode="json", context=RESOLVED, exclude=EXECUTION_SETTINGS), "seed": seed}
 
@@ -476,15 +448,23 @@ class Checkpoint:
         return self.path.exists()
 
     def save(self, history, policy: Learner, critic: Learner, moments: RunningMoments,
-             kl_control: AdaptiveKLController | None, gen: torch.Generator) -> None:
+             kl_control: AdaptiveKLController | None, gen: torch.Generator, ranks: Ranks = Ranks()) -> None:
+        """Called on every rank (DeepSpeed's engines write a partition each); rank 0 writes checkpoint.pt."""
+        engines = self.engines / f"iteration-{len(history)}"
         state = {
-            "run": self.run, "history": history, "policy": policy.state_dict(), "critic": critic.state_dict(),
+            "run": self.run, "history": history, "zero_ranks": policy.zero_ranks,
+            "policy": policy.save(engines, "policy"), "critic": critic.save(engines, "critic"),
             "moments": {"count": moments.count, "mean": moments.mean, "m2": moments.m2},
             "kl_coef": None if kl_control is None else kl_control.value,
             "minibatch_rng": gen.get_state(), "torch_rng": torch.get_rng_state(),
         }
+        if ranks.rank != 0:
+            return
         self.path.parent.mkdir(parents=True, exist_ok=True)
         atomic_write(self.path, lambda f: torch.save(state, f))
+        for old in self.engines.glob("iteration-*"):
+            if old != engines:
+                shutil.rmtree(old)
 
     def restore(self, policy: Learner, critic: Learner, moments: RunningMoments,
                 kl_control: AdaptiveKLController | None, gen: torch.Generator) -> list[dict[str, float]]:
@@ -492,11 +472,21 @@ class Checkpoint:
         if state["run"] != self.run:
             raise ValueError(f"{self.path} was written by another PPO run (different config or seed): "
                              "delete it to start over, or resume with the config and seed that wrote it")
-        policy.load_state_dict(state["policy"])
-        critic.load_state_dict(state["critic"])
+        if state.get("zero_ranks") != policy.zero_ranks:
+            raise ValueError(f"{self.path} was written {_engines(state.get('zero_ranks'))}; this run trains "
+                             f"{_engines(policy.zero_ranks)}: ZeRO partitions the optimiser state over the ranks, "
+                             "so resume with the ppo.deepspeed and ppo.num_processes that wrote it, or delete "
+                             f"{self.path.parent} to start over")
+        engines = self.engines / f"iteration-{len(state['history'])}"
+        policy.restore(engines, state["policy"])
+        critic.restore(engines, state["critic"])
         moments.count, moments.mean, moments.m2 = (state["moments"][k] for k in ("count", "mean", "m2"))
         if kl_control is not None:
             kl_control.value = state["kl_coef"]
         gen.set_state(state["minibatch_rng"])
         torch.set_rng_state(state["torch_rng"])
         return state["history"]
+
+
+def _engines(zero_ranks: int | None) -> str:
+    return "without DeepSpeed" if zero_ranks is None else f"under DeepSpeed ZeRO on {zero_ranks} ranks"

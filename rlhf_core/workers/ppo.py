@@ -10,7 +10,10 @@ rollouts, advantages and steps as one process, up to float summation order. The 
 reward model; every response also gets the simulated world's gold score (logged, never trained on).
 Rank 0 writes the checkpoints in --checkpoint-dir (a killed group resumes from them, with any number of
 ranks), then the policy and history.json (one metrics dict per iteration) in --out, and --out/world_size.txt
-once all ranks are done. A plain `python -m rlhf_core.workers.ppo ...` runs as one rank.
+once all ranks are done. A plain `python -m rlhf_core.workers.ppo ...` runs as one rank. Launched with a
+DeepSpeed config (`accelerate launch --use_deepspeed --deepspeed_config_file infra/deepspeed/zero2.json ...`),
+the policy and the critic train through DeepSpeed engines (ZeRO-2), and every rank writes its partition
+of each checkpoint.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import json
 from pathlib import Path
 
 import pandas as pd
+from accelerate.utils import DistributedType
 
 from rlhf_core import models
 from rlhf_core.artifacts import atomic_write_text
@@ -45,6 +49,9 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     accelerator = start_ranks()
     rank, world_size = accelerator.process_index, accelerator.num_processes
+    deepspeed = None  # the engines are built by train_ppo, one per trained model, from the launch's config
+    if accelerator.distributed_type == DistributedType.DEEPSPEED:
+        deepspeed = accelerator.state.deepspeed_plugin.deepspeed_config
     cfg = PPOConfig.model_validate_json(Path(args.config).read_text())
     prompts = pd.read_parquet(args.prompts, columns=["prompt"])["prompt"].tolist()
     ptx = None
@@ -65,7 +72,7 @@ def main(argv: list[str] | None = None) -> None:
         args.policy_dir, score, prompts, cfg, args.seed,
         critic_init_dir=args.reward_model, on_iteration=report, progress=args.progress and accelerator.is_main_process,
         ptx_examples=ptx, gold_fn=gold_scores, checkpoint_dir=args.checkpoint_dir, rank=rank, world_size=world_size,
-        device=accelerator.device)
+        device=accelerator.device, deepspeed=deepspeed)
     if accelerator.is_main_process:
         models.save_hf(policy, tokenizer, args.out)
         atomic_write_text(Path(args.out) / "history.json", json.dumps(history))

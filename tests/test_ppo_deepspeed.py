@@ -1,0 +1,101 @@
+"""PPO through DeepSpeed ZeRO-2 (one engine for the policy, one for the critic) on 2 gloo CPU ranks: the
+1-process run's metrics and weights, a killed run resumes from the engines' own checkpoints, bad settings
+are refused with a clear message.
+
+The first DeepSpeed start on a machine compiles an op (~2 min, cached in ~/.cache/torch_extensions), hence
+the `slow` marks on the tests that launch ranks."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+import uuid
+
+import pytest
+import torch
+from torch import nn
+
+from rlhf_core import models
+from rlhf_core.config import PPOConfig
+from rlhf_core.ppo.learner import DeepSpeedLearner, engine_config
+from tasks.launch import GROUP_ENV, INFRA, accelerate_command, group_processes
+from tasks.ppo import WORKER, worker_args
+from test_ppo_workers import PROMPTS, PTX, REWARD_MAX_LENGTH, SEED, assert_same_run, dirs, run  # noqa: F401
+from test_reward_workers import max_weight_diff, worker_env  # noqa: F401 - worker_env: a fixture
+
+# 2 iterations of 5 prompts x 2 responses (ranks of 3 and 2 prompts), minibatches of 4, 4 and 2 rows (a rank
+# holds none of some: it steps on a stand-in row weighted 0), ptx batches of 3 split 2 / 1, critic warm-up
+# 2 steps, a checkpoint every iteration: 12 critic and 10 policy steps.
+CFG = PPOConfig(iterations=2, rollout_prompts=5, max_new_tokens=6, mini_batch_size=4, critic_warmup_steps=2,
+                policy_lr=1e-2, critic_lr=1e-3, ptx_coef=0.5, ptx_batch_size=3, checkpoint_every=1)
+ZERO2 = CFG.model_copy(update={"num_processes": 2, "deepspeed": "zero2"})
+
+
+@pytest.fixture(scope="module")
+def one_process(dirs, tmp_path_factory):
+    return run(CFG, dirs, tmp_path_factory.mktemp("one"))
+
+
+@pytest.mark.slow
+def test_zero2_on_two_ranks_gives_the_one_process_run(dirs, one_process, worker_env, tmp_path):
+    zero2 = run(ZERO2, dirs, tmp_path)
+    assert (tmp_path / "policy" / "world_size.txt").read_text() == "2\n"
+    assert "DeepSpeed" in (tmp_path / "worker.log").read_text()  # the engines were built
+    # the optimiser state is partitioned: each rank wrote its own, and only the last checkpoint is kept
+    engines = tmp_path / "deepspeed"
+    assert [p.name for p in engines.iterdir()] == ["iteration-2"]
+    for model in ("policy", "critic"):
+        assert sorted(p.name for p in (engines / "iteration-2" / model).glob("zero_pp_rank_*")) == [
+            "zero_pp_rank_0_mp_rank_00_optim_states.pt", "zero_pp_rank_1_mp_rank_00_optim_states.pt"]
+    diff = assert_same_run(one_process, zero2, CFG.iterations)
+    moved = max_weight_diff(one_process[0], models.load_policy(dirs[0]))
+    assert diff < moved / 100
+    print(f"1 process vs ZeRO-2 on 2 ranks: max weight diff {diff:.2e}, weights moved {moved:.2e}")
+
+
+@pytest.mark.slow
+def test_a_killed_zero2_run_resumes_from_the_engines_checkpoints(dirs, one_process, worker_env, tmp_path):
+    """SIGKILL of the whole group once the first checkpoint is written; the re-run resumes the same trajectory,
+    and a run without DeepSpeed refuses the partitioned checkpoint."""
+    args = worker_args(ZERO2, dirs[0], dirs[1], REWARD_MAX_LENGTH, PROMPTS, PTX, SEED, tmp_path)
+    argv, env = accelerate_command(WORKER, args, 2, deepspeed="zero2")
+    tag = env[GROUP_ENV] = uuid.uuid4().hex
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    checkpoint = tmp_path / "checkpoint.pt"
+    deadline = time.monotonic() + 300  # a cold DeepSpeed op cache compiles first
+    while not checkpoint.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    for pid in group_processes(tag):
+        os.kill(pid, signal.SIGKILL)
+    proc.wait()
+    state = torch.load(checkpoint, weights_only=True)
+    assert len(state["history"]) == 1 and state["zero_ranks"] == 2  # killed after iteration 1 of 2
+    assert not (tmp_path / "policy" / "world_size.txt").exists()
+
+    resumed = run(ZERO2, dirs, tmp_path)
+    assert "resuming from" in (tmp_path / "worker.log").read_text()
+    assert_same_run(one_process, resumed, CFG.iterations)
+    with pytest.raises(ValueError, match="under DeepSpeed ZeRO on 2 ranks; this run trains without DeepSpeed"):
+        run(CFG, dirs, tmp_path)
+
+
+def test_bad_deepspeed_settings_are_refused_with_the_reason():
+    with pytest.raises(ValueError, match="zero3 partitions the weights"):
+        PPOConfig(deepspeed="zero3")
+    with pytest.raises(ValueError, match="give null, zero2 or the path of a DeepSpeed JSON"):
+        PPOConfig(deepspeed="zero-2")
+    zero2 = json.loads((INFRA / "deepspeed" / "zero2.json").read_text())
+    fitted = engine_config(zero2, max_grad_norm=0.5)
+    assert (fitted["gradient_clipping"], fitted["gradient_accumulation_steps"]) == (0.5, 1)
+    with pytest.raises(ValueError, match="ZeRO stage 3 is not supported for PPO"):
+        engine_config(json.loads((INFRA / "deepspeed" / "zero3.json").read_text()), 1.0)
+    with pytest.raises(ValueError, match="PPO brings its own AdamW"):
+        engine_config(zero2 | {"optimizer": {"type": "Adam"}}, 1.0)
+    scalar = nn.Module()
+    scalar.weight = nn.Parameter(torch.tensor(1.0))
+    with pytest.raises(ValueError, match=r"0-dim parameters \(weight\)"):
+        DeepSpeedLearner.build(scalar, 1e-3, "constant", 0, 10, fitted)
