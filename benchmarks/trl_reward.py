@@ -9,12 +9,15 @@ both sides, the same real HH-RLHF pairs (prompt = the dialogue up to its last "\
 the two final replies; only pairs whose longer side fits in --max-length tokens are taken, so neither side
 truncates or drops one), batch 16, fp32, 1 epoch. Each contender is timed from model load to the end of
 training; the contenders run in turn within every repeat (the order rotated each repeat), and the result is
-the median pairs/s of each and their ratios. Contenders:
+the median pairs/s of each, its model FLOP utilisation (MFU, over the fp32 GEMM peak measured in the same run)
+and its ratio to TRL's best contender. Contenders (--contenders picks some):
 
-- project: `train_reward_model` with the default read `end_token+logprob` (also the response's
-  log-likelihood under the tied LM head: an (N, T, V) product and log-softmax more per batch than TRL);
+- project: `train_reward_model` with the default config: read `end_token+logprob` (also the response's
+  log-likelihood under the tied LM head, more work per batch than TRL), batching `random`;
 - project_end_token: the same with read `end_token`, the like-for-like one with TRL's plain head;
-- trl: `trl.RewardTrainer` (no gradient checkpointing, no bf16: its fastest setting on a CPU).
+- project_grouped, project_end_token_grouped: the same two with batching `length_grouped`;
+- trl: `trl.RewardTrainer` (no gradient checkpointing, no bf16: its fastest setting on a CPU), random sampler;
+- trl_grouped: the same with transformers' `train_sampling_strategy="group_by_length"`.
 
 Writes the JSON (--json) and its own section of --doc, between markers, keeping the rest of that file.
 """
@@ -47,8 +50,12 @@ from rlhf_core.reward.model import encode  # noqa: E402
 from rlhf_core.reward.train import train_reward_model  # noqa: E402
 
 DEFAULT_PAIRS_FILE = Path(__file__).resolve().parents[2] / "shared/data/hh-rlhf-harmless-base/pairs.jsonl.gz"
-CONTENDERS = ("project", "project_end_token", "trl")
-READS = {"project": "end_token+logprob", "project_end_token": "end_token"}
+# the project's contenders: (reward read, batching) of RewardTrainConfig
+PROJECT = {"project": ("end_token+logprob", "random"), "project_end_token": ("end_token", "random"),
+           "project_grouped": ("end_token+logprob", "length_grouped"),
+           "project_end_token_grouped": ("end_token", "length_grouped")}
+TRL = {"trl": "random", "trl_grouped": "group_by_length"}  # TrainingArguments.train_sampling_strategy
+CONTENDERS = (*PROJECT, *TRL)
 GOAL_RATIO = 1.5  # issue 12: project pairs/s >= 1.5x TRL's RewardTrainer
 SECTION_START, SECTION_END = "<!-- trl-reward:start -->", "<!-- trl-reward:end -->"
 
@@ -78,8 +85,9 @@ def build_backbone(out_dir: Path, hidden_size: int, layers: int, max_length: int
     models.save_hf(models.build_policy(cfg, tokenizer, seed=0), tokenizer, out_dir)
 
 
-def run_project(backbone: Path, pairs: pd.DataFrame, read: str, args) -> dict:
-    cfg = RewardTrainConfig(read=read, epochs=1, batch_size=args.batch_size, max_length=args.max_length)
+def run_project(backbone: Path, pairs: pd.DataFrame, read: str, batching: str, args) -> dict:
+    cfg = RewardTrainConfig(read=read, batching=batching, epochs=1, batch_size=args.batch_size,
+                            max_length=args.max_length)
     t0 = time.perf_counter()
     _, _, metrics = train_reward_model(backbone, pairs, cfg, seed=args.seed)
     seconds = time.perf_counter() - t0
@@ -95,7 +103,7 @@ def trl_dataset(pairs: pd.DataFrame, tokenizer):
                               "chosen": pairs["chosen"].tolist(), "rejected": pairs["rejected"].tolist()})
 
 
-def run_trl(backbone: Path, pairs: pd.DataFrame, args, work_dir: Path) -> dict:
+def run_trl(backbone: Path, pairs: pd.DataFrame, sampling: str, args, work_dir: Path) -> dict:
     import datasets
     from trl import RewardConfig, RewardTrainer
 
@@ -107,10 +115,16 @@ def run_trl(backbone: Path, pairs: pd.DataFrame, args, work_dir: Path) -> dict:
         output_dir=str(work_dir / "trl-out"), per_device_train_batch_size=args.batch_size, num_train_epochs=1,
         learning_rate=1e-4, max_length=args.max_length, bf16=False, gradient_checkpointing=False,
         model_init_kwargs={"dtype": torch.float32}, use_cpu=True, seed=args.seed, save_strategy="no",
-        report_to="none", disable_tqdm=True, logging_steps=10**6,
+        report_to="none", disable_tqdm=True, logging_steps=10**6, train_sampling_strategy=sampling,
+        remove_unused_columns=sampling != "group_by_length",  # keep the `length` column for the sampler
     )
     t0 = time.perf_counter()
     trainer = RewardTrainer(model=str(backbone), args=config, train_dataset=dataset, processing_class=tokenizer)
+    if sampling == "group_by_length":
+        # transformers' LengthGroupedSampler reads a `length` column (it cannot infer one from chosen_ids and
+        # rejected_ids): the longer side, which the collator pads the pair to; computed inside the timed span
+        trainer.train_dataset = trainer.train_dataset.map(
+            lambda ex: {"length": max(len(ex["chosen_ids"]), len(ex["rejected_ids"]))})
     result = trainer.train()
     seconds = time.perf_counter() - t0
     kept = len(trainer.train_dataset)
@@ -131,49 +145,85 @@ def same_token_ids(trl_train_dataset, pairs: pd.DataFrame, tokenizer, max_length
     return True
 
 
+def gemm_peak_flops(size: int = 1024, repeats: int = 10) -> float:
+    """The fp32 GEMM peak of this machine on torch's current threads: the best of `repeats` square matmuls, FLOP/s."""
+    a, b = torch.randn(size, size), torch.randn(size, size)
+    a @ b  # warm-up
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        a @ b
+        best = min(best, time.perf_counter() - t0)
+    return 2 * size**3 / best
+
+
+def non_embedding_parameters(backbone: Path) -> int:
+    """Parameters of the trunk without its token embeddings (the convention of model FLOP utilisation)."""
+    model = models.load_policy(backbone)
+    embeddings = model.get_input_embeddings().weight
+    return sum(p.numel() for p in model.parameters() if p is not embeddings)
+
+
+def run_contender(name: str, backbone: Path, pairs: pd.DataFrame, args, work_dir: Path) -> dict:
+    if name in TRL:
+        return run_trl(backbone, pairs, TRL[name], args, work_dir)
+    read, batching = PROJECT[name]
+    return run_project(backbone, pairs, read, batching, args)
+
+
 def run_benchmark(args) -> dict:
     torch.set_num_threads(args.threads or max(1, os.cpu_count() or 1))
+    contenders = tuple(args.contenders)
     tokenizer = models.build_tokenizer()
     pairs = hh_pairs(Path(args.pairs_file), args.pairs, tokenizer, args.max_length)
     lengths = {side: encode(tokenizer, pairs["prompt"].tolist(), pairs[side].tolist(), args.max_length)
                ["attention_mask"].sum(1) for side in ("chosen", "rejected")}
-    runs = {name: [] for name in CONTENDERS}
+    real_tokens = int(lengths["chosen"].sum() + lengths["rejected"].sum())
+    runs = {name: [] for name in contenders}
+    peaks = [gemm_peak_flops()]
     with tempfile.TemporaryDirectory(prefix="trl-reward-") as tmp:
         work_dir = Path(tmp)
         backbone = work_dir / "backbone"
         build_backbone(backbone, args.hidden_size, args.layers, args.max_length)
+        n_params = non_embedding_parameters(backbone)
         same_ids = None
         for repeat in range(args.repeats):
-            shift = repeat % len(CONTENDERS)
-            for name in CONTENDERS[shift:] + CONTENDERS[:shift]:  # rotated: no contender always runs first
-                if name == "trl":
-                    run = run_trl(backbone, pairs, args, work_dir)
-                    dataset = run.pop("_dataset")
-                    if same_ids is None:
-                        same_ids = same_token_ids(dataset, pairs, tokenizer, args.max_length)
-                else:
-                    run = run_project(backbone, pairs, READS[name], args)
+            shift = repeat % len(contenders)
+            for name in contenders[shift:] + contenders[:shift]:  # rotated: no contender always runs first
+                run = run_contender(name, backbone, pairs, args, work_dir)
+                dataset = run.pop("_dataset", None)
+                if dataset is not None and same_ids is None:
+                    same_ids = same_token_ids(dataset, pairs, tokenizer, args.max_length)
                 run["pairs_per_s"] = len(pairs) / run["seconds"]
                 runs[name].append(run)
-                print(f"repeat {repeat}: {name:18s} {run['seconds']:7.2f} s  {run['pairs_per_s']:6.2f} pairs/s",
+                print(f"repeat {repeat}: {name:26s} {run['seconds']:7.2f} s  {run['pairs_per_s']:6.2f} pairs/s",
                       flush=True)
-    median = {name: statistics.median(r["pairs_per_s"] for r in runs[name]) for name in CONTENDERS}
+            peaks.append(gemm_peak_flops())  # between repeats too: the best is the machine's least-loaded moment
+    peak = max(peaks)
+    median = {name: statistics.median(r["pairs_per_s"] for r in runs[name]) for name in contenders}
+    # model FLOPs of one training pass over the real (non-pad) tokens: 6 per non-embedding parameter per token
+    mfu = {name: 6 * n_params * real_tokens * median[name] / len(pairs) / peak for name in contenders}
+    trl_best = max((name for name in contenders if name in TRL), key=median.get, default=None)
     return {
         "benchmark": "trl_reward",
         "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "machine": {"cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(), "arch": platform.machine(),
                     "processor": platform.processor() or platform.machine(), "python": platform.python_version(),
-                    "torch": torch.__version__, "transformers": _version("transformers"), "trl": _version("trl")},
+                    "torch": torch.__version__, "transformers": _version("transformers"), "trl": _version("trl"),
+                    "fp32_gemm_peak_gflops": peak / 1e9, "load_average_at_start": args.load_at_start},
         "command": shlex.join(["python", "benchmarks/trl_reward.py", *args.argv]),
         "setup": {"pairs": len(pairs), "pairs_file": Path(args.pairs_file).name, "batch_size": args.batch_size,
                   "epochs": 1, "dtype": "float32", "max_length": args.max_length, "hidden_size": args.hidden_size,
                   "layers": args.layers, "repeats": args.repeats, "seed": args.seed,
+                  "non_embedding_parameters": n_params,
                   "longest_pair_tokens": int(max(lengths["chosen"].max(), lengths["rejected"].max())),
-                  "real_tokens": int(lengths["chosen"].sum() + lengths["rejected"].sum()),
-                  "same_token_ids": same_ids},
+                  "real_tokens": real_tokens, "same_token_ids": same_ids},
         "runs": runs,
         "median_pairs_per_s": median,
-        "ratio_vs_trl": {name: median[name] / median["trl"] for name in READS},
+        "mfu": mfu,
+        "trl_best": trl_best,
+        "ratio_vs_trl": {name: median[name] / median[trl_best] for name in contenders if name in PROJECT}
+                        if trl_best else {},
         "goal_ratio": GOAL_RATIO,
         "notes": args.note or [],
     }
@@ -188,61 +238,76 @@ def _version(package: str) -> str | None:
         return None
 
 
+def _describe(name: str) -> str:
+    if name in TRL:
+        return f"TRL sequence-classification head | {TRL[name]}"
+    read, batching = PROJECT[name]
+    return f"{read} | {batching}"
+
+
 def markdown_section(result: dict) -> str:
     s, m, med, ratio = result["setup"], result["machine"], result["median_pairs_per_s"], result["ratio_vs_trl"]
     rows = "\n".join(
-        f"| {name} | {READS.get(name, 'TRL sequence-classification head')} | "
-        + ", ".join(f"{r['seconds']:.1f}" for r in result["runs"][name])
-        + f" | {med[name]:.2f} | " + (f"{ratio[name]:.2f}x" if name in ratio else "1") + " |"
-        for name in CONTENDERS
+        f"| {name} | {_describe(name)} | " + ", ".join(f"{r['seconds']:.1f}" for r in runs)
+        + f" | {med[name]:.2f} | {result['mfu'][name]:.3f} | "
+        + (f"{ratio[name]:.2f}x" if name in ratio else ("1" if name == result["trl_best"] else
+                                                         f"{med[name] / med[result['trl_best']]:.2f}x")) + " |"
+        for name, runs in result["runs"].items()
     )
-    best = max(ratio.values())
     notes = "".join(f"\n- {note}" for note in result.get("notes", []))
     notes = f"\nNotes on this run:\n{notes}\n" if notes else ""
-    verdict = ("the goal is met" if best >= result["goal_ratio"]
-               else f"the best of the two needs {result['goal_ratio'] / best:.2f}x more pairs/s to reach it")
+    verdict = ""
+    if ratio:
+        best = max(ratio, key=ratio.get)
+        default = f"{ratio['project']:.2f}x with the default config, " if "project" in ratio else ""
+        gap = ("the goal is met" if ratio[best] >= result["goal_ratio"]
+               else f"it needs {result['goal_ratio'] / ratio[best]:.2f}x more pairs/s to reach it")
+        verdict = (f"\n**Goal (issue 12): >= {result['goal_ratio']}x TRL's best ({result['trl_best']}). Now "
+                   f"{default}{ratio[best]:.2f}x at best ({best}): {gap}.**\n")
     return f"""{SECTION_START}
 ## Reward-model training vs TRL's RewardTrainer
 
 Machine: {m['cpus']} CPU cores ({m['processor']}), torch {m['torch']} on {m['torch_threads']} threads, transformers
-{m['transformers']}, TRL {m['trl']}; {result['date']}. Absolute times are context (the notes below say how busy
-the machine was); the ratios come from contenders run in turn within each repeat (order rotated), medians over
-{s['repeats']} repeats.
+{m['transformers']}, TRL {m['trl']}; fp32 GEMM peak measured in the run {m['fp32_gemm_peak_gflops']:.0f} GFLOP/s;
+load average {m['load_average_at_start']:.1f} at the start; {result['date']}. Absolute times are context (the notes
+below say how busy the machine was); the ratios come from contenders run in turn within each repeat (order
+rotated), medians over {s['repeats']} repeats.
 
     {result['command']}
 
 Setup: the first {s['pairs']} pairs of `{s['pairs_file']}` (HH-RLHF harmless-base) whose longer side fits in
 {s['max_length']} tokens (the longest is {s['longest_pair_tokens']}, so neither side truncates and TRL's length
 filter drops none; {s['real_tokens']:,} real tokens in all), tiny Qwen2 (hidden {s['hidden_size']},
-{s['layers']} layers) built from a config with the project's byte tokenizer, used by both; batch
-{s['batch_size']} pairs, {s['dtype']}, {s['epochs']} epoch, seed {s['seed']}; each run timed from model load to
-the end of training. Both sides train on the same token ids: `{models.QUERY_TEMPLATE!r}` around the prompt, the
-reply, eos (checked: {s['same_token_ids']}). TRL runs without gradient checkpointing and without bf16: its defaults
-turn both on, which the issue measured ~3x slower on this CPU. Learning rates differ (project: trunk 1e-4, head
-3e-3; TRL: 1e-4 for all), which changes no work per step.
+{s['layers']} layers, {s['non_embedding_parameters']:,} non-embedding parameters) built from a config with the
+project's byte tokenizer, used by both; batch {s['batch_size']} pairs, {s['dtype']}, {s['epochs']} epoch, seed
+{s['seed']}; each run timed from model load to the end of training. Both sides train on the same token ids:
+`{models.QUERY_TEMPLATE!r}` around the prompt, the reply, eos (checked: {s['same_token_ids']}). TRL runs without
+gradient checkpointing and without bf16: its defaults turn both on, which the issue measured ~3x slower on this
+CPU. Learning rates differ (project: trunk 1e-4, head 3e-3; TRL: 1e-4 for all), which changes no work per step.
+MFU: 6 x non-embedding parameters x real tokens per second over the GEMM peak (the reads' LM-head product and
+the attention scores are not counted, padding is not either).
 
-| contender | reward read | seconds per run | median pairs/s | vs TRL |
-|---|---|---|---|---|
+| contender | reward read / head | batching | seconds per run | median pairs/s | MFU | vs TRL's best |
+|---|---|---|---|---|---|---|
 {rows}
-
-**Goal (issue 12): >= {result['goal_ratio']}x TRL. Now {ratio['project']:.2f}x with the default read and
-{ratio['project_end_token']:.2f}x like for like (`end_token`): {verdict}.**
-
+{verdict}
 What each side does per batch (read in the code: rlhf_core/reward/train.py and model.py; TRL 1.16
-trl/trainer/reward_trainer.py):
+trl/trainer/reward_trainer.py, transformers' trainer_pt_utils.py):
 
-- project: `_pair_batch` tokenises the batch's prompts and replies again at every step (`encode`: query and
-  reply tokenised separately, eos appended), right-pads chosen and rejected together to the batch's longest
-  sequence (2B rows), runs the trunk once, reads the head at each eos; with `end_token+logprob` it also
-  multiplies every position's hidden state by the tied embeddings, (2B, T-1, V), log-softmax, and sums the
-  reply's token log-probs. Then clipping, AdamW, linear decay; shuffled by numpy per epoch.
+- project: tokenises every pair once before the first epoch (`encode_pairs`: query and reply tokenised
+  separately, eos appended), then per step right-pads the batch's chosen and rejected together to its longest
+  (`pair_batch`, 2B rows), runs the trunk once, reads the head at each eos; with `end_token+logprob` it also
+  takes every response position's log-prob under the tied embeddings and sums the reply's. Then clipping,
+  AdamW, linear decay. Batching `random`: a numpy permutation per epoch cut into batches; `length_grouped`:
+  that permutation cut into mega-batches (here 4 of 64 pairs: transformers' rule, 50 batches or fewer so that
+  there are at least 4), each sorted by the pair's longer side and cut into batches, the batches shuffled.
 - TRL: tokenises the whole data set once in the trainer's constructor (`datasets.map`: prompt + reply + eos
-  string, inside the timed span), then per step its `DataCollatorForPreference` turns the stored id lists into
-  tensors and right-pads chosen and rejected together to the batch's longest (2B rows); the model is a plain
-  `Qwen2ForSequenceClassification` (the score head applied at every position, then the last non-pad one
-  read); the loss is -log sigmoid(r_c - r_r); transformers' Trainer loop (clipping 1.0, AdamW, linear decay,
-  a random sampler, so its batches, and so its padding, differ from the project's).
-- Neither side groups by length or packs: both pad every batch to its longest pair.
+  string, inside the timed span), then per step its `DataCollatorForPreference` right-pads chosen and rejected
+  together to the batch's longest (2B rows); the model is a plain `Qwen2ForSequenceClassification` (the score
+  head applied at every position, then the last non-pad one read); the loss is -log sigmoid(r_c - r_r);
+  transformers' Trainer loop (clipping 1.0, AdamW, linear decay). `random`: its random sampler;
+  `group_by_length`: transformers' `LengthGroupedSampler` on a `length` column (the longer side; added inside
+  the timed span), the same mega-batch rule, longest batch first.
 {notes}{SECTION_END}
 """
 
@@ -271,11 +336,13 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=0, help="torch threads; 0 = all cores")
+    parser.add_argument("--contenders", nargs="+", choices=CONTENDERS, default=list(CONTENDERS))
     parser.add_argument("--json", default="docs/benchmarks-trl-reward.json")
     parser.add_argument("--doc", default="docs/benchmarks.md")
     parser.add_argument("--note", action="append", help="a remark on this run (the machine's load, ...); repeatable")
     args = parser.parse_args(argv)
     args.argv = sys.argv[1:] if argv is None else list(argv)
+    args.load_at_start = os.getloadavg()[0]
     result = run_benchmark(args)
     atomic_write_text(args.json, json.dumps(result, indent=2) + "\n")
     write_doc(Path(args.doc), markdown_section(result))

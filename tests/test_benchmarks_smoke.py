@@ -39,13 +39,22 @@ def test_trl_reward_benchmark_writes_its_result_and_doc_section(tmp_path):
     # one token per byte: the templated prompt of pair 15, its reply "It is 30." (the leading space is the
     # split's) and eos
     assert result["setup"]["longest_pair_tokens"] == len("Q: \n\nHuman: What is 15 plus 15?\n\nAssistant:\nA:") + 9 + 1
-    for name in ("project", "project_end_token", "trl"):
-        (run,) = result["runs"][name]
+    assert set(result["runs"]) == set(trl_reward.CONTENDERS)
+    for name, (run,) in result["runs"].items():
         assert run["steps"] == 1 and run["seconds"] > 0
         assert run["pairs_per_s"] == pytest.approx(16 / run["seconds"])
         assert result["median_pairs_per_s"][name] == statistics.median([run["pairs_per_s"]])
+        # 6 FLOPs per non-embedding parameter per real token, over the measured peak
+        flops_per_s = 6 * result["setup"]["non_embedding_parameters"] * result["setup"]["real_tokens"] / run["seconds"]
+        assert result["mfu"][name] == pytest.approx(flops_per_s / (result["machine"]["fp32_gemm_peak_gflops"] * 1e9))
     median = result["median_pairs_per_s"]
-    assert result["ratio_vs_trl"]["project"] == pytest.approx(median["project"] / median["trl"])
+    best_trl = max(median["trl"], median["trl_grouped"])
+    assert median[result["trl_best"]] == best_trl
+    assert result["ratio_vs_trl"]["project_grouped"] == pytest.approx(median["project_grouped"] / best_trl)
+    # hidden 32, 1 layer: q 32 x 32 + bias, k and v 32 x 16 + bias (2 of 4 heads), o 32 x 32; MLP 3 x 32 x 96;
+    # two layer norms and the final one, 32 each (the tied LM head is the embedding, not counted)
+    n_params = (32 * 32 + 32) + 2 * (32 * 16 + 16) + 32 * 32 + 3 * 32 * 96 + 3 * 32
+    assert result["setup"]["non_embedding_parameters"] == n_params
     text = doc.read_text()
     assert text.startswith("# Benchmarks\n\nan earlier section\n")
     assert text.count(trl_reward.SECTION_START) == 1 and text.count("| trl |") == 1

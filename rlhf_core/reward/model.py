@@ -47,15 +47,8 @@ CONFIG_KEY = "rlhf_reward"  # the entry of config.json that holds the read and t
 def encode(
     tokenizer: PreTrainedTokenizerBase, prompts: list[str], responses: list[str], max_length: int
 ) -> dict[str, torch.Tensor]:
-    """Token ids of `format_query(prompt) + response` with eos appended, right-padded.
-
-    Query and response are tokenized separately (so the boundary is exact for any tokenizer).
-    A sequence longer than `max_length` (eos included) is truncated from the LEFT, so the end of
-    the response and the eos the head reads are always kept. Padded to the longest sequence in
-    the batch (at most `max_length`).
-
-    An encoder's tokenizer (BERT family: [CLS]/[SEP], no eos) gets [CLS] prompt [SEP] response [SEP]
-    instead, the prompt without the query template (`_encode_for_encoder`).
+    """Token ids of `format_query(prompt) + response` with eos appended, right-padded (`encode_rows`, then
+    `right_padded`).
 
     Returns:
         input_ids: (N, T) long, pad id after the eos.
@@ -63,10 +56,26 @@ def encode(
         response_mask: (N, T) long, 1 on the response tokens and the eos (what the
             log-likelihood term sums over).
     """
+    return right_padded(*encode_rows(tokenizer, prompts, responses, max_length), tokenizer.pad_token_id)
+
+
+def encode_rows(
+    tokenizer: PreTrainedTokenizerBase, prompts: list[str], responses: list[str], max_length: int
+) -> tuple[list[list[int]], list[int]]:
+    """Unpadded token ids of `format_query(prompt) + response` with eos appended, and each row's number of
+    response tokens (eos included); `right_padded` turns them into a batch.
+
+    Query and response are tokenized separately (so the boundary is exact for any tokenizer).
+    A sequence longer than `max_length` (eos included) is truncated from the LEFT, so the end of
+    the response and the eos the head reads are always kept.
+
+    An encoder's tokenizer (BERT family: [CLS]/[SEP], no eos) gets [CLS] prompt [SEP] response [SEP]
+    instead, the prompt without the query template (`_encoder_rows`).
+    """
     if len(prompts) != len(responses):
         raise ValueError(f"{len(prompts)} prompts but {len(responses)} responses")
     if is_encoder_tokenizer(tokenizer):
-        return _encode_for_encoder(tokenizer, prompts, responses, max_length)
+        return _encoder_rows(tokenizer, prompts, responses, max_length)
     if tokenizer.eos_token_id is None or tokenizer.pad_token_id is None:
         raise ValueError("the tokenizer needs an eos and a pad token")
     queries = tokenizer([format_query(tokenizer, p) for p in prompts], add_special_tokens=False)["input_ids"]
@@ -82,7 +91,7 @@ def encode(
         full = (q + a + [tokenizer.eos_token_id])[-max_length:]
         ids.append(full)
         n_response.append(min(len(a) + 1, len(full)))
-    return _right_padded(ids, n_response, tokenizer.pad_token_id)
+    return ids, n_response
 
 
 def is_encoder_tokenizer(tokenizer: PreTrainedTokenizerBase) -> bool:
@@ -90,10 +99,10 @@ def is_encoder_tokenizer(tokenizer: PreTrainedTokenizerBase) -> bool:
     return tokenizer.eos_token_id is None and tokenizer.cls_token_id is not None and tokenizer.sep_token_id is not None
 
 
-def _encode_for_encoder(tokenizer, prompts: list[str], responses: list[str], max_length: int
-                        ) -> dict[str, torch.Tensor]:
+def _encoder_rows(tokenizer, prompts: list[str], responses: list[str], max_length: int
+                  ) -> tuple[list[list[int]], list[int]]:
     """[CLS] query [SEP] response [SEP]; too long, the query loses tokens from its left first, then the
-    response (the [CLS] the head reads and the final [SEP] always stay). Same outputs as `encode`."""
+    response (the [CLS] the head reads and the final [SEP] always stay). Same outputs as `encode_rows`."""
     queries = tokenizer(list(prompts), add_special_tokens=False)["input_ids"]
     answers = tokenizer(list(responses), add_special_tokens=False)["input_ids"]
     cls, sep = tokenizer.cls_token_id, tokenizer.sep_token_id
@@ -103,10 +112,10 @@ def _encode_for_encoder(tokenizer, prompts: list[str], responses: list[str], max
         q = q[len(q) - max(0, max_length - 3 - len(a)):]
         ids.append([cls] + q + [sep] + a + [sep])
         n_response.append(len(a) + 1)
-    return _right_padded(ids, n_response, tokenizer.pad_token_id)
+    return ids, n_response
 
 
-def _right_padded(ids: list[list[int]], n_response: list[int], pad_id: int) -> dict[str, torch.Tensor]:
+def right_padded(ids: list[list[int]], n_response: list[int], pad_id: int) -> dict[str, torch.Tensor]:
     """input_ids, attention_mask and response_mask (the last n_response[i] real tokens) of right-padded rows."""
     T = max(len(x) for x in ids)
     input_ids = torch.full((len(ids), T), pad_id, dtype=torch.long)  # (N, T)

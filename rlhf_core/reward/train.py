@@ -4,6 +4,7 @@ SimCSE contrastive loss, MetaRM's meta step)."""
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -22,17 +23,70 @@ from rlhf_core.reward.losses import (
     preference_loss,
     smooth_labels,
 )
-from rlhf_core.reward.model import RewardModel, encode, score_texts
+from rlhf_core.reward.model import RewardModel, encode, encode_rows, right_padded, score_texts
 
 REQUIRED_COLUMNS = ("prompt", "chosen", "rejected")
 
 
+@dataclass(frozen=True)
+class EncodedPairs:
+    """Every pair's chosen and rejected token ids, unpadded, tokenised once before training (`encode_pairs`);
+    `pair_batch` pads a batch of them. response_*: each row's response tokens, eos included."""
+
+    chosen: list[list[int]]
+    rejected: list[list[int]]
+    chosen_response: list[int]
+    rejected_response: list[int]
+    pad_id: int
+
+    def lengths(self) -> np.ndarray:
+        """(N,) tokens of each pair's longer side: its chosen and rejected are padded together."""
+        return np.array([max(len(c), len(r)) for c, r in zip(self.chosen, self.rejected)], dtype=np.int64)
+
+
+def encode_pairs(tokenizer, pairs: pd.DataFrame, max_length: int) -> EncodedPairs:
+    """Tokenise every pair of `pairs` once (`encode_rows`: the ids `encode` gives, before padding)."""
+    prompts = pairs["prompt"].tolist()
+    chosen, chosen_response = encode_rows(tokenizer, prompts, pairs["chosen"].tolist(), max_length)
+    rejected, rejected_response = encode_rows(tokenizer, prompts, pairs["rejected"].tolist(), max_length)
+    return EncodedPairs(chosen, rejected, chosen_response, rejected_response, tokenizer.pad_token_id)
+
+
+def pair_batch(encoded: EncodedPairs, rows: np.ndarray, device: torch.device | None = None
+               ) -> dict[str, torch.Tensor]:
+    """Pairs `rows` of `encoded`, chosen then rejected in one batch: rows [0, B) are chosen, rows [B, 2B)
+    rejected, right-padded together to the longest. (2B, T)"""
+    ids = [encoded.chosen[i] for i in rows] + [encoded.rejected[i] for i in rows]
+    n_response = [encoded.chosen_response[i] for i in rows] + [encoded.rejected_response[i] for i in rows]
+    batch = right_padded(ids, n_response, encoded.pad_id)
+    return batch if device is None else {k: v.to(device) for k, v in batch.items()}
+
+
+def epoch_batches(n: int, cfg: RewardTrainConfig, rng: np.random.Generator, lengths: np.ndarray
+                  ) -> list[np.ndarray]:
+    """One epoch's batches of row indices, cfg.batch_size pairs each (the last may be smaller), drawn from `rng`.
+
+    random: a permutation cut into batches. length_grouped (transformers' `get_length_grouped_indices`): the
+    permutation cut into mega-batches of m batches (m = 50, fewer so that there are at least 4 mega-batches),
+    each sorted by `lengths` (N,), longest first, and cut into batches; then the batches are shuffled, so
+    the order stays seeded and random at the batch level while a batch pads to a similar length.
+    """
+    order = rng.permutation(n)
+    if cfg.batching == "random":
+        return [order[start : start + cfg.batch_size] for start in range(0, n, cfg.batch_size)]
+    mega = cfg.batch_size * max(1, min(n // (4 * cfg.batch_size), 50))
+    batches = []
+    for start in range(0, n, mega):
+        rows = order[start : start + mega]
+        rows = rows[np.argsort(-lengths[rows], kind="stable")]
+        batches += [rows[i : i + cfg.batch_size] for i in range(0, len(rows), cfg.batch_size)]
+    return [batches[i] for i in rng.permutation(len(batches))]
+
+
 def _pair_batch(tokenizer, pairs: pd.DataFrame, max_length: int, device: torch.device | None = None
                 ) -> dict[str, torch.Tensor]:
-    """Chosen then rejected in one batch: rows [0, B) are chosen, rows [B, 2B) rejected. (2B, T)"""
-    prompts = pairs["prompt"].tolist()
-    batch = encode(tokenizer, prompts + prompts, pairs["chosen"].tolist() + pairs["rejected"].tolist(), max_length)
-    return batch if device is None else {k: v.to(device) for k, v in batch.items()}
+    """`pair_batch` of all of `pairs`, tokenised now (for callers that score a batch once). (2B, T)"""
+    return pair_batch(encode_pairs(tokenizer, pairs, max_length), np.arange(len(pairs)), device)
 
 
 def _optional_column(pairs: pd.DataFrame, name: str, device: torch.device | None = None) -> torch.Tensor | None:
@@ -166,9 +220,10 @@ def rank_shard(global_rows: np.ndarray, rank: int, world_size: int) -> np.ndarra
     return np.array_split(global_rows, world_size)[rank]
 
 
-def shard_loss(model: RewardModel, tokenizer, shard: pd.DataFrame, global_size: int, cfg: RewardTrainConfig
-               ) -> tuple[torch.Tensor, torch.Tensor]:
+def shard_loss(model: RewardModel, encoded: EncodedPairs, pairs: pd.DataFrame, shard: np.ndarray, global_size: int,
+               cfg: RewardTrainConfig) -> tuple[torch.Tensor, torch.Tensor]:
     """This rank's part of a global batch's mean loss, and its part of (loss, accuracy) as float64 (2,).
+    `shard`: this rank's rows of `pairs` (and of `encoded`, their tokens).
 
     Each rank's loss, a mean over its n pairs, is weighted n / global_size, so the sum over ranks is the
     mean over the global batch whatever the shard sizes.
@@ -177,18 +232,18 @@ def shard_loss(model: RewardModel, tokenizer, shard: pd.DataFrame, global_size: 
     if not len(shard):  # a last batch smaller than the world: nothing from this rank, but it joins the sums
         zero = sum(p.sum() for p in model.parameters() if p.requires_grad) * 0.0
         return zero, torch.zeros(2, dtype=torch.float64, device=device)
-    loss, metrics = pair_loss(model, _pair_batch(tokenizer, shard, cfg.max_length, device), shard, cfg)
+    loss, metrics = pair_loss(model, pair_batch(encoded, shard, device), pairs.iloc[shard], cfg)
     weight = len(shard) / global_size
     totals = torch.tensor([weight * loss.item(), weight * metrics["accuracy"]], dtype=torch.float64, device=device)
     return weight * loss, totals
 
 
-def shard_gradients(model: RewardModel, tokenizer, shard: pd.DataFrame, global_size: int, cfg: RewardTrainConfig
-                    ) -> tuple[torch.Tensor, dict[str, float]]:
+def shard_gradients(model: RewardModel, encoded: EncodedPairs, pairs: pd.DataFrame, shard: np.ndarray,
+                    global_size: int, cfg: RewardTrainConfig) -> tuple[torch.Tensor, dict[str, float]]:
     """One data-parallel step's gradients: the global batch's mean-loss gradient, in .grad on every rank.
     Returns the global batch's loss and accuracy."""
     params = [p for p in model.parameters() if p.requires_grad]
-    loss, totals = shard_loss(model, tokenizer, shard, global_size, cfg)
+    loss, totals = shard_loss(model, encoded, pairs, shard, global_size, cfg)
     loss.backward()
     for p in params:
         if p.grad is None:  # not on this batch's path (e.g. the LM head with lm_coef 0): the sum needs it
@@ -197,12 +252,12 @@ def shard_gradients(model: RewardModel, tokenizer, shard: pd.DataFrame, global_s
     return global_metrics(totals)
 
 
-def deepspeed_step(accelerator, model, tokenizer, shard: pd.DataFrame, global_size: int, cfg: RewardTrainConfig
-                   ) -> tuple[torch.Tensor, dict[str, float]]:
+def deepspeed_step(accelerator, model, encoded: EncodedPairs, pairs: pd.DataFrame, shard: np.ndarray,
+                   global_size: int, cfg: RewardTrainConfig) -> tuple[torch.Tensor, dict[str, float]]:
     """One data-parallel step through DeepSpeed's engine, which averages the gradients over the ranks,
     clips them and steps the optimizer (accelerate's optimizer wrapper's own step then does nothing).
     The loss is scaled by the world size so that its average is the sum `shard_gradients` takes."""
-    loss, totals = shard_loss(model, tokenizer, shard, global_size, cfg)
+    loss, totals = shard_loss(model, encoded, pairs, shard, global_size, cfg)
     accelerator.backward(loss * accelerator.num_processes)
     return global_metrics(totals)
 
@@ -240,7 +295,8 @@ def train_reward_model(
     pairs: columns prompt, chosen, rejected; optional soft_label (target P(chosen > rejected))
     and margin, passed to `preference_loss`. The seed sets the head init and the data order of
     every epoch, so two seeds differ in both. AdamW (see `make_optimizer`) with a linear decay
-    of the learning rates to 0 over all steps and global gradient clipping.
+    of the learning rates to 0 over all steps and global gradient clipping. The pairs are tokenised once
+    (`encode_pairs`); each epoch's batches come from `epoch_batches` (cfg.batching) and are padded from those ids.
     meta_samples (prompt, response): the policy samples of MetaRM, needed when cfg.meta.enabled;
     each step first ascends their difference loss (`meta_ascent`), then descends the pair loss
     at the shifted weights and applies that gradient to the unshifted ones.
@@ -280,6 +336,7 @@ def train_reward_model(
         if meta_samples is None:
             raise ValueError("reward.train.meta.enabled needs policy samples (prompt, response) to train with")
         groups = meta_groups(meta_samples, cfg.meta.samples_per_prompt)
+    encoded = encode_pairs(tokenizer, pairs, cfg.max_length)  # once: every epoch's batches are padded from it
     torch.manual_seed(seed)
     order_rng = np.random.default_rng(seed)
     meta_rng = np.random.default_rng([seed, 1])  # its own stream: the pairs' order is the same with MetaRM off
@@ -301,21 +358,19 @@ def train_reward_model(
     bar = tqdm(total=total_steps, desc=f"reward seed={seed}", disable=not progress, leave=False)
     step = 0
     for _ in range(cfg.epochs):
-        order = order_rng.permutation(len(pairs))
         epoch_loss, epoch_acc, epoch_extra = [], [], {}
-        for start in range(0, len(pairs), cfg.batch_size):
-            global_rows = order[start : start + cfg.batch_size]
-            batch_pairs = pairs.iloc[rank_shard(global_rows, rank, world_size)]
+        for global_rows in epoch_batches(len(pairs), cfg, order_rng, encoded.lengths()):
+            shard = rank_shard(global_rows, rank, world_size)
             optimizer.zero_grad(set_to_none=True)
             meta = None if groups is None else meta_batch(tokenizer, groups, cfg, meta_rng)
             if deepspeed is not None:
-                loss, metrics = deepspeed_step(deepspeed, model, tokenizer, batch_pairs, len(global_rows), cfg)
+                loss, metrics = deepspeed_step(deepspeed, model, encoded, pairs, shard, len(global_rows), cfg)
             else:
                 if world_size == 1:
-                    loss, metrics = step_gradients(model, _pair_batch(tokenizer, batch_pairs, cfg.max_length,
-                                                                      device), batch_pairs, cfg, meta)
+                    loss, metrics = step_gradients(model, pair_batch(encoded, shard, device), pairs.iloc[shard],
+                                                   cfg, meta)
                 else:
-                    loss, metrics = shard_gradients(model, tokenizer, batch_pairs, len(global_rows), cfg)
+                    loss, metrics = shard_gradients(model, encoded, pairs, shard, len(global_rows), cfg)
                 torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
                 optimizer.step()
             scheduler.step()

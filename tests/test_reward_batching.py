@@ -1,0 +1,104 @@
+"""Reward-model batches (issue 12): the pairs are tokenised once before training, and `length_grouped` batches
+group pairs of similar length (transformers' group_by_length) while staying seeded and random per batch."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import torch
+
+from rlhf_core import models
+from rlhf_core.config import RewardTrainConfig
+from rlhf_core.reward import train as reward_train
+from rlhf_core.reward.model import RewardModel, encode
+from rlhf_core.reward.train import encode_pairs, epoch_batches, pair_batch, train_reward_model
+from test_reward import init_dir  # noqa: F401 - a fixture: a tiny random Qwen2 policy saved as a Hugging Face dir
+
+
+def pairs_of_lengths(n: int) -> pd.DataFrame:
+    """Pairs whose replies grow with their index (chosen i: i + 1 letters, rejected: 2 i + 1)."""
+    return pd.DataFrame({"prompt": [f"p{i % 3}" for i in range(n)],
+                         "chosen": ["a" * (i + 1) for i in range(n)],
+                         "rejected": ["b" * (2 * i + 1) for i in range(n)]})
+
+
+def retokenised_batch(tokenizer, pairs: pd.DataFrame, max_length: int) -> dict[str, torch.Tensor]:
+    """The batch as the training loop built it before issue 12: the pairs' texts tokenised again at each step."""
+    prompts = pairs["prompt"].tolist()
+    return encode(tokenizer, prompts + prompts, pairs["chosen"].tolist() + pairs["rejected"].tolist(), max_length)
+
+
+def test_a_batch_of_the_pairs_tokenised_once_equals_the_batch_tokenised_at_the_step():
+    tok = models.build_tokenizer()
+    pairs = pairs_of_lengths(6)
+    encoded = encode_pairs(tok, pairs, max_length=16)
+    # one token per byte: "Q: p0\nA:" is 8 tokens, then the reply and eos; the longer side is the rejected one,
+    # and pair 5's (8 + 11 + 1 = 20) is cut from the left to 16
+    assert encoded.lengths().tolist() == [10, 12, 14, 16, 16, 16]
+    for rows in (np.array([4, 0, 2]), np.array([5]), np.arange(6)):
+        batch = pair_batch(encoded, rows)
+        expected = retokenised_batch(tok, pairs.iloc[rows], max_length=16)
+        assert batch.keys() == expected.keys()
+        for key in batch:
+            assert torch.equal(batch[key], expected[key]), key
+    assert pair_batch(encoded, np.array([0, 1]))["input_ids"].shape == (4, 12)  # to pair 1's rejected
+
+
+def test_one_epoch_on_pairs_tokenised_once_gives_the_same_weights_as_tokenising_every_batch(init_dir, monkeypatch):
+    pairs = pairs_of_lengths(12)
+    cfg = RewardTrainConfig(epochs=1, batch_size=4, max_length=32)
+    once, tok, _ = train_reward_model(init_dir, pairs, cfg, seed=3)
+
+    def tokenise_at_the_step(encoded, rows, device=None):
+        return retokenised_batch(tok, pairs.iloc[rows], cfg.max_length)
+
+    monkeypatch.setattr(reward_train, "pair_batch", tokenise_at_the_step)
+    every_batch, _, _ = train_reward_model(init_dir, pairs, cfg, seed=3)
+    trained = dict(every_batch.named_parameters())
+    for name, p in once.named_parameters():
+        assert torch.equal(p, trained[name]), name
+    fresh = RewardModel.from_policy(init_dir, 3, cfg.read)
+    assert not torch.equal(once.head().weight, fresh.head().weight)  # it did train
+
+
+def test_length_grouped_batches_are_the_sorted_mega_batches_of_the_seeded_permutation_in_shuffled_order():
+    lengths = np.array([5, 40, 12, 33, 8, 21, 17, 2, 29, 11, 38, 25, 14, 3, 36, 19])  # (16,)
+    cfg = RewardTrainConfig(batch_size=2, batching="length_grouped")
+    batches = epoch_batches(16, cfg, np.random.default_rng(7), lengths)
+
+    # 16 pairs, 2 per batch: min(16 // (4 * 2), 50) = 2 batches per mega-batch, so 4 mega-batches of 4 pairs
+    order = np.random.default_rng(7).permutation(16)  # the same first draw
+    expected = set()
+    for start in range(0, 16, 4):
+        mega = sorted(order[start : start + 4], key=lambda i: -lengths[i])
+        expected |= {tuple(mega[:2]), tuple(mega[2:])}
+    assert {tuple(b) for b in batches} == expected
+    assert sorted(np.concatenate(batches).tolist()) == list(range(16))  # every pair once per epoch
+    in_mega_order = [tuple(order[s : s + 4][np.argsort(-lengths[order[s : s + 4]])][h : h + 2])
+                     for s in range(0, 16, 4) for h in (0, 2)]
+    assert [tuple(b) for b in batches] != in_mega_order  # the batches are shuffled, not left mega-batch by mega-batch
+    assert [tuple(b) for b in epoch_batches(16, cfg, np.random.default_rng(8), lengths)] != [tuple(b) for b in batches]
+
+    def padded(bs):
+        return sum(len(b) * lengths[b].max() for b in bs)
+
+    random_batches = epoch_batches(16, cfg.model_copy(update={"batching": "random"}), np.random.default_rng(7), lengths)
+    assert [b.tolist() for b in random_batches] == [order[s : s + 2].tolist() for s in range(0, 16, 2)]
+    assert padded(batches) < padded(random_batches)
+
+
+def test_length_grouped_training_learns_the_separable_pairs(init_dir):
+    """Every chosen reply holds '!!', no rejected one does; replies of 4 to 16 letters, so batches group."""
+    rng = np.random.default_rng(0)
+
+    def letters(n):
+        return "".join(rng.choice(list("abcdefgh "), size=n))
+
+    pairs = pd.DataFrame([{"prompt": "say " + letters(8), "chosen": letters(int(rng.integers(2, 14))) + "!!",
+                           "rejected": letters(int(rng.integers(4, 16)))} for _ in range(96)])
+    # the end-token head alone: a random backbone's log-likelihood is noise (and longer is less likely)
+    cfg = RewardTrainConfig(read="end_token", epochs=3, batch_size=16, lr=3e-3, max_length=64,
+                            batching="length_grouped")
+    model, tok, metrics = train_reward_model(init_dir, pairs, cfg, seed=0)
+    assert metrics["steps"] == 3 * 6
+    assert reward_train.pairwise_accuracy(model, tok, pairs, cfg.max_length) >= 0.9
