@@ -569,12 +569,12 @@ class PPOConfig(StrictModel):
         "result is the 1-process one up to float summation order; 1 = in-process. At most rollout_prompts",
     )
     deepspeed: str | None = Field(
-        None, description="DeepSpeed ZeRO-2 for the policy and the critic (Rajbhandari et al. 2020: optimizer state "
-        "and gradients partitioned over the worker ranks; one engine per trained model, as OpenRLHF's actor and "
-        "critic): null = off; zero2 = infra/deepspeed/zero2.json; or the path of a DeepSpeed JSON config (stage 1 "
-        "or 2, fp32, no optimizer or scheduler section). The same steps as plain data parallelism; a checkpoint "
-        "resumes on as many ranks. ZeRO-3 is refused here: it partitions the weights, and each rank's generation "
-        "would need every other rank in every decoding step",
+        None, description="DeepSpeed ZeRO for the policy and the critic (Rajbhandari et al. 2020; one engine per "
+        "trained model, as OpenRLHF's actor and critic): null = off; zero2 = infra/deepspeed/zero2.json (optimizer "
+        "state and gradients partitioned over the worker ranks); zero3 = infra/deepspeed/zero3.json (the weights "
+        "too; the policy's weights are gathered into a plain copy for each rollout's generation); or the path of a "
+        "DeepSpeed JSON config (fp32, no optimizer or scheduler section). The same steps as plain data "
+        "parallelism; a checkpoint resumes on as many ranks",
     )
 
     @property
@@ -600,10 +600,9 @@ class PPOConfig(StrictModel):
         self._from_preset = unset
         if self.reward_norm and self.reward_scaling:
             raise ValueError("ppo.reward_norm and ppo.reward_scaling are alternatives: set one of them false")
-        if self.deepspeed not in (None, "zero2") and not self.deepspeed.endswith(".json"):
-            raise ValueError(f"ppo.deepspeed {self.deepspeed!r}: give null, zero2 or the path of a DeepSpeed JSON "
-                             "config (zero3 partitions the weights, and each rank's generation would need every "
-                             "other rank in every decoding step)")
+        if self.deepspeed not in (None, "zero2", "zero3") and not self.deepspeed.endswith(".json"):
+            raise ValueError(f"ppo.deepspeed {self.deepspeed!r}: give null, zero2, zero3 or the path of a DeepSpeed "
+                             "JSON config")
         if self.num_processes > self.rollout_prompts:
             raise ValueError(f"ppo.num_processes ({self.num_processes}) exceeds ppo.rollout_prompts "
                              f"({self.rollout_prompts}): every rank samples at least one prompt per rollout")

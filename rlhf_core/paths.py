@@ -58,7 +58,7 @@ def config_paths(config) -> list[tuple[str, str]]:
     if config.policy_model.pretrained:
         out.append(("policy_model.pretrained", config.policy_model.pretrained))
     out += [(f"{stage}.deepspeed", getattr(config, stage).deepspeed) for stage in ("reward", "ppo")
-            if getattr(config, stage).deepspeed not in (None, "zero2")]  # else a DeepSpeed JSON file
+            if getattr(config, stage).deepspeed not in (None, "zero2", "zero3")]  # else a DeepSpeed JSON file
     evaluation = config.evaluation
     out += [(key, path) for key, path in (("evaluation.local.model_path", evaluation.local.model_path),
                                           ("evaluation.prompt_source", evaluation.prompt_source)) if path]

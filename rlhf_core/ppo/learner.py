@@ -2,8 +2,8 @@
 
 Two learners with one interface, chosen once by `train_ppo`: `Learner` (plain PyTorch; gradients summed
 over the data-parallel ranks by hand) and `DeepSpeedLearner` (a DeepSpeed engine, ZeRO stage 1 or 2:
-optimiser state and gradients partitioned over the ranks, Rajbhandari et al. 2020), one engine per trained
-model as OpenRLHF's actor and critic have. Both take the same loss, this rank's share of a minibatch's
+optimiser state and gradients partitioned over the ranks; stage 3: the weights too; Rajbhandari et al.
+2020), one engine per trained model as OpenRLHF's actor and critic have. Both take the same loss, this rank's share of a minibatch's
 loss, and make the same step: the global minibatch's gradient, its global norm clipped to max_grad_norm,
 AdamW, then the project's schedule.
 """
@@ -13,6 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import copy
 
 import torch
 from torch import nn
@@ -49,6 +51,10 @@ class Learner:
     def lr(self) -> float:
         return self.optimizer.param_groups[0]["lr"]
 
+    def full_model(self) -> nn.Module:
+        """The model with all its weights on this rank (what generation and saving read)."""
+        return self.model
+
     def save(self, directory: Path, name: str) -> dict:
         """The state a checkpoint keeps for this model: all of it, in the checkpoint file itself."""
         return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
@@ -63,10 +69,7 @@ class Learner:
 def engine_config(config: dict[str, Any], max_grad_norm: float) -> dict[str, Any]:
     """A DeepSpeed JSON config made fit for PPO's loop: one backward and one step per minibatch (micro batch 1,
     no accumulation: the loop feeds its own minibatches), clipping at max_grad_norm, our AdamW as the client
-    optimizer. ZeRO stage 3 is refused (it partitions the weights that generation reads, see PPOConfig)."""
-    stage = config.get("zero_optimization", {}).get("stage", 0)
-    if stage not in (0, 1, 2):
-        raise ValueError(f"ppo.deepspeed: ZeRO stage {stage} is not supported for PPO; give a stage 1 or 2 config")
+    optimizer."""
     if "optimizer" in config or "scheduler" in config:
         raise ValueError("ppo.deepspeed: the config names an optimizer or scheduler; PPO brings its own AdamW and "
                          "learning-rate schedule (ppo.policy_lr, ppo.critic_lr, ppo.lr_schedule): remove them")
@@ -79,14 +82,20 @@ def engine_config(config: dict[str, Any], max_grad_norm: float) -> dict[str, Any
 class DeepSpeedLearner:
     """A Learner whose model trains through a DeepSpeed engine (see the module's docstring).
 
-    `model` is the engine's module, so forwards and generation are those of the plain learner; the engine
-    takes the backward (reducing the gradients over the ranks), the clipping and AdamW's step. The schedule
-    stays ours, on the client optimizer's parameter groups (which the engine's optimizer steps with).
+    `model` is the engine's module, so forwards are those of the plain learner; the engine takes the
+    backward (reducing the gradients over the ranks), the clipping and AdamW's step. The schedule stays
+    ours, on the client optimizer's parameter groups (which the engine's optimizer steps with).
+
+    ZeRO-3 partitions the weights: every forward of the module gathers them, a collective, so the ranks
+    must run the same forwards (the trainer sees to it), and generation, whose number of decoding steps
+    differs between ranks, cannot run on the module. A model that generates (the policy) therefore keeps
+    a plain `twin` that `full_model` gathers the current weights into.
     """
 
     engine: Any  # deepspeed.DeepSpeedEngine
     optimizer: torch.optim.Optimizer
     schedule: torch.optim.lr_scheduler.LambdaLR
+    twin: nn.Module | None = None
 
     @classmethod
     def build(cls, model: nn.Module, lr: float, schedule: str, warmup_steps: int, total_steps: int,
@@ -98,9 +107,11 @@ class DeepSpeedLearner:
         if scalars:  # DeepSpeed 0.19.8 broadcasts every parameter viewed as bytes, which a 0-dim one cannot be
             raise ValueError(f"DeepSpeed cannot train 0-dim parameters ({', '.join(scalars)}): run PPO without "
                              "ppo.deepspeed, or give them shape (1,)")
+        partitioned = config.get("zero_optimization", {}).get("stage") == 3 and hasattr(model, "generate")
+        twin = copy.deepcopy(model).requires_grad_(False) if partitioned else None
         plain = Learner.build(model, lr, schedule, warmup_steps, total_steps)
         engine, *_ = deepspeed.initialize(model=model, optimizer=plain.optimizer, config=config)
-        return cls(engine, plain.optimizer, plain.schedule)
+        return cls(engine, plain.optimizer, plain.schedule, twin)
 
     @property
     def model(self) -> nn.Module:
@@ -118,6 +129,19 @@ class DeepSpeedLearner:
     @property
     def lr(self) -> float:
         return self.optimizer.param_groups[0]["lr"]
+
+    def full_model(self) -> nn.Module:
+        """The model with all its weights on this rank: the engine's module, or under ZeRO-3 the twin with the
+        current weights gathered into it (a collective: every rank calls it)."""
+        if self.twin is None:
+            return self.model
+        import deepspeed
+
+        params = list(self.model.parameters())
+        with deepspeed.zero.GatheredParameters(params), torch.no_grad():
+            for gathered, twin in zip(params, self.twin.parameters()):
+                twin.copy_(gathered)
+        return self.twin
 
     @property
     def zero_ranks(self) -> int:

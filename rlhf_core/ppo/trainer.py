@@ -350,7 +350,7 @@ def train_ppo(
     rollout (`sample_seeds`), so N ranks sample what one process samples. `device`: where the models and
     tensors live (a worker rank's GPU); None = where the models load (CPU). The reward and gold functions
     take this rank's rows and may return their scores on any device. `deepspeed`: a DeepSpeed JSON config
-    (ZeRO stage 1 or 2; the ppo worker's, when launched with one): the policy and the critic then train
+    (ZeRO stage 1, 2 or 3; the ppo worker's, when launched with one): the policy and the critic then train
     through DeepSpeed engines (`DeepSpeedLearner`), the same steps; the reference stays a plain module.
     """
     if cfg.ptx_coef > 0 and not ptx_examples:
@@ -400,7 +400,7 @@ def train_ppo(
     bar = tqdm(range(start, cfg.iterations), initial=start, total=cfg.iterations, disable=not progress, desc="ppo")
     for it in bar:
         batch = next(batches)
-        local = rollout(policy.model, reference, critic.model, tokenizer, reward_fn,
+        local = rollout(policy.full_model(), reference, critic.model, tokenizer, reward_fn,
                         [batch[i] for i in own_prompts for _ in range(k)], cfg,
                         [s for i in own_prompts for s in sample_seeds(seed, it, i, k)], gold_fn)
         exp = gather_experience(local, ranks, tokenizer.pad_token_id)
@@ -417,7 +417,7 @@ def train_ppo(
         bar.set_postfix({k.split("/")[-1]: f"{metrics[k]:.3g}" for k in PROGRESS_KEYS if k in metrics}, refresh=False)
         if on_iteration is not None:
             on_iteration(metrics)
-    return policy.model, tokenizer, history
+    return policy.full_model(), tokenizer, history
 
 
 PROGRESS_KEYS = ("objective/score", "objective/gold", "objective/kl", "objective/perplexity")

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pandas as pd
 from accelerate.utils import DistributedType
+from transformers.integrations import unset_hf_deepspeed_config
 
 from rlhf_core import models
 from rlhf_core.artifacts import atomic_write_text
@@ -49,9 +50,13 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     accelerator = start_ranks()
     rank, world_size = accelerator.process_index, accelerator.num_processes
-    deepspeed = None  # the engines are built by train_ppo, one per trained model, from the launch's config
-    if accelerator.distributed_type == DistributedType.DEEPSPEED:
+    deepspeed = None
+    if accelerator.distributed_type == DistributedType.DEEPSPEED:  # train_ppo builds the engines from its config
         deepspeed = accelerator.state.deepspeed_plugin.deepspeed_config
+        # With a ZeRO-3 config accelerate registers it with transformers, whose from_pretrained then partitions
+        # every model as it loads (accelerate's zero3_init_context_manager(False) registers it again). The
+        # reference and the reward model must stay whole; the engines partition the policy and the critic.
+        unset_hf_deepspeed_config()
     cfg = PPOConfig.model_validate_json(Path(args.config).read_text())
     prompts = pd.read_parquet(args.prompts, columns=["prompt"])["prompt"].tolist()
     ptx = None
