@@ -102,3 +102,18 @@ def test_length_grouped_training_learns_the_separable_pairs(init_dir):
     model, tok, metrics = train_reward_model(init_dir, pairs, cfg, seed=0)
     assert metrics["steps"] == 3 * 6
     assert reward_train.pairwise_accuracy(model, tok, pairs, cfg.max_length) >= 0.9
+
+
+def test_the_logprob_read_takes_the_lm_head_only_at_response_positions_and_gets_the_full_products_values(init_dir):
+    model = RewardModel.from_policy(init_dir, 0, "end_token+logprob")
+    batch = pair_batch(encode_pairs(models.build_tokenizer(), pairs_of_lengths(5), 32), np.arange(5))
+    hidden = model.hidden_states(batch["input_ids"], batch["attention_mask"])  # (10, T, H)
+    # the full product: every position's log-softmax over the vocabulary, then the response's picked
+    logp = torch.log_softmax(hidden[:, :-1] @ model.trunk().get_input_embeddings().weight.T, dim=-1)  # (10, T-1, V)
+    full = logp.gather(-1, batch["input_ids"][:, 1:, None]).squeeze(-1) * batch["response_mask"][:, 1:]
+    token_logp = model.response_token_logprob(hidden, batch)
+    torch.testing.assert_close(token_logp, full, atol=1e-5, rtol=1e-5)
+    # pair 0's chosen: "a" and eos are its response, predicted from the last two positions of "Q: p0\nA:a"
+    assert (token_logp[0] != 0).sum() == 2 and (token_logp[0, 7:9] != 0).all()
+    token_logp.sum().backward()  # the gradient reaches the trunk through the picked positions
+    assert model.trunk().get_input_embeddings().weight.grad.abs().sum() > 0

@@ -209,13 +209,19 @@ class RewardModel(nn.Module):
         return self.response_token_logprob(hidden, batch).sum(dim=1)
 
     def response_token_logprob(self, hidden: torch.Tensor, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        """(N, T-1) log p(token t+1 | ..t) on response tokens and eos, 0 elsewhere."""
+        """(N, T-1) log p(token t+1 | ..t) on response tokens and eos, 0 elsewhere.
+
+        Only the positions that predict a response token go through the LM head, (n, H) x (H, V): the prompt's
+        and the padding's log-probs would be multiplied by 0 (issue 12: prompts are most of a pair's tokens).
+        """
         embeddings = self.trunk().get_input_embeddings().weight  # (V, H)
-        logits = hidden[:, :-1] @ embeddings.T  # (N, T-1, V): position t predicts token t+1
+        predicts_response = batch["response_mask"][:, 1:].bool()  # (N, T-1): position t predicts token t+1
+        logits = hidden[:, :-1][predicts_response] @ embeddings.T  # (n, V)
         logp = torch.log_softmax(logits.float(), dim=-1)
-        targets = batch["input_ids"][:, 1:]  # (N, T-1)
-        token_logp = logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1)  # (N, T-1)
-        return token_logp * batch["response_mask"][:, 1:]
+        targets = batch["input_ids"][:, 1:][predicts_response]  # (n,)
+        token_logp = logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1)  # (n,)
+        return torch.zeros(predicts_response.shape, dtype=token_logp.dtype, device=token_logp.device
+                           ).masked_scatter(predicts_response, token_logp)
 
     def forward(self, input_ids, attention_mask, response_mask) -> torch.Tensor:
         batch = {"input_ids": input_ids, "attention_mask": attention_mask, "response_mask": response_mask}
