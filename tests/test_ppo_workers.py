@@ -84,21 +84,27 @@ def test_two_ranks_give_the_one_process_run(dirs, one_process, worker_env, tmp_p
     print(f"1 vs 2 ranks: max weight diff {diff:.2e}, weights moved {moved:.2e}")
 
 
-def test_a_killed_two_rank_run_resumes(dirs, one_process, worker_env, tmp_path):
-    """SIGKILL of the whole group once its first checkpoint is written; the re-run resumes from it."""
-    args = worker_args(TWO_RANKS, dirs[0], dirs[1], REWARD_MAX_LENGTH, PROMPTS, PTX, SEED, tmp_path)
-    argv, env = accelerate_command(WORKER, args, 2)
+def kill_after_first_checkpoint(cfg: PPOConfig, dirs, scratch: Path, timeout: float = 300) -> dict:
+    """Launch the PPO worker group, SIGKILL all of it (launcher, agent, ranks) once its first checkpoint is
+    written, and return that checkpoint. The timeout leaves room for a cold DeepSpeed op cache."""
+    args = worker_args(cfg, dirs[0], dirs[1], REWARD_MAX_LENGTH, PROMPTS, PTX, SEED, scratch)
+    argv, env = accelerate_command(WORKER, args, cfg.num_processes, cfg.deepspeed)
     tag = env[GROUP_ENV] = uuid.uuid4().hex
     proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True)
-    checkpoint = tmp_path / "checkpoint.pt"
-    deadline = time.monotonic() + 120
+    checkpoint = scratch / "checkpoint.pt"
+    deadline = time.monotonic() + timeout
     while not checkpoint.exists() and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)
     for pid in group_processes(tag):
         os.kill(pid, signal.SIGKILL)
     proc.wait()
-    done = len(torch.load(checkpoint, weights_only=True)["history"])
+    return torch.load(checkpoint, weights_only=True)
+
+
+def test_a_killed_two_rank_run_resumes(dirs, one_process, worker_env, tmp_path):
+    """SIGKILL of the whole group once its first checkpoint is written; the re-run resumes from it."""
+    done = len(kill_after_first_checkpoint(TWO_RANKS, dirs, tmp_path)["history"])
     assert 1 <= done < CFG.iterations and not (tmp_path / "policy" / "world_size.txt").exists()  # killed midway
 
     resumed = run(TWO_RANKS, dirs, tmp_path)

@@ -3,9 +3,9 @@
 Two learners with one interface, chosen once by `train_ppo`: `Learner` (plain PyTorch; gradients summed
 over the data-parallel ranks by hand) and `DeepSpeedLearner` (a DeepSpeed engine, ZeRO stage 1 or 2:
 optimiser state and gradients partitioned over the ranks; stage 3: the weights too; Rajbhandari et al.
-2020), one engine per trained model as OpenRLHF's actor and critic have. Both take the same loss, this rank's share of a minibatch's
-loss, and make the same step: the global minibatch's gradient, its global norm clipped to max_grad_norm,
-AdamW, then the project's schedule.
+2020), one engine per trained model as OpenRLHF's actor and critic have. Both take the same loss, this
+rank's share of a minibatch's loss, and make the same step: the global minibatch's gradient, its global
+norm clipped to max_grad_norm, AdamW, then the project's schedule.
 """
 
 from __future__ import annotations

@@ -50,7 +50,8 @@ from rlhf_core.ppo.core import (
 from rlhf_core.sft import collate, encode_example
 
 RewardFn = Callable[[list[str], list[str]], torch.Tensor]  # (prompts, responses) -> scores (B,)
-EXECUTION_SETTINGS = frozenset({"num_processes", "deepspeed"})  # how PPO runs, not what it computes: out of keys and checkpoints
+# how PPO runs, not what it computes: out of cache keys and of a checkpoint's run identity
+EXECUTION_SETTINGS = frozenset({"num_processes", "deepspeed"})
 
 
 class Critic(nn.Module):
