@@ -11,7 +11,8 @@ share of every rollout's prompts; the ranks' experiences are gathered, so reward
 (whitened over the whole rollout) and metrics are computed on the whole rollout on every rank; each
 minibatch step runs on the rank's rows of the global minibatch, its loss weighted by the rank's share of
 the minibatch's tokens, and the gradients are summed over the ranks before clipping. Every step is the
-1-process step up to float summation order.
+1-process step up to float summation order. With a DeepSpeed config (`train_ppo(deepspeed=)`) the policy
+and the critic train through DeepSpeed engines (rlhf_core.ppo.learner.DeepSpeedLearner): the same loop.
 """
 
 from __future__ import annotations
@@ -204,8 +205,8 @@ def policy_step(policy: Learner, mb: Experience, share: float, cfg: PPOConfig, p
     """One clipped-surrogate step on a minibatch, plus cfg.ptx_coef * the LM loss on a batch of
     pretraining (SFT) examples when one is given (PPO-max's ptx term).
 
-    mb: this rank's rows of the global minibatch; share: their fraction of its response tokens (1 for
-    one rank). Token means weighted by their share sum over the ranks to the global minibatch's means,
+    mb: this rank's rows of the global minibatch (a stand-in row when it has none, see `update`); share:
+    their fraction of its response tokens (1 for one rank; 0 for a stand-in). Token means weighted by their share sum over the ranks to the global minibatch's means,
     for the loss and the metrics alike. The ptx batch is split over the ranks the same way."""
     logits = response_logits(policy.model, mb, cfg.temperature)  # (b, T, V)
     logp = logprobs_from_logits(logits, mb.response_ids)  # (b, T)
