@@ -14,7 +14,8 @@ import torch
 from torch import nn
 
 from rlhf_core import models
-from rlhf_core.config import PPOConfig
+from rlhf_core.config import PPOConfig, parse_config
+from rlhf_core.paths import PathNotAllowedError, check_config_paths
 from rlhf_core.ppo.learner import DeepSpeedLearner, engine_config
 from tasks.launch import INFRA
 from test_ppo_workers import assert_same_run, dirs, kill_after_first_checkpoint, run  # noqa: F401 - dirs: a fixture
@@ -90,6 +91,8 @@ def test_zero3_on_two_ranks_gives_the_one_process_run(dirs, worker_env, tmp_path
 def test_bad_deepspeed_settings_are_refused_with_the_reason():
     with pytest.raises(ValueError, match="give null, zero2, zero3 or the path of a DeepSpeed JSON config"):
         PPOConfig(deepspeed="zero-2")
+    with pytest.raises(PathNotAllowedError, match="ppo.deepspeed"):  # a JSON file is read: allowed roots only
+        check_config_paths(parse_config({"ppo": {"deepspeed": "/etc/ds.json"}}))
     zero2 = json.loads((INFRA / "deepspeed" / "zero2.json").read_text())
     fitted = engine_config(zero2, max_grad_norm=0.5)
     assert (fitted["gradient_clipping"], fitted["gradient_accumulation_steps"]) == (0.5, 1)
