@@ -15,6 +15,7 @@ stage execution:
 from __future__ import annotations
 
 import fcntl
+import json
 import logging
 import os
 import shutil
@@ -120,8 +121,9 @@ class StageRun:
 
     `scratch` is a directory that survives a killed execution (it is named by the cache key) and
     is removed once the artifact is committed: shards or checkpoints a re-run resumes from.
-    `plots` keeps the stage's figures beside the store (not in the artifact: they are presentation,
-    not content), so a cache hit shows them in its MLflow run as the miss did.
+    `plots` keeps the stage's figures and its per-step metrics (METRIC_HISTORY) beside the store (not in
+    the artifact: they are presentation, not content), so a cache hit shows them in its MLflow run as the
+    miss did.
     """
 
     tracker: Tracker
@@ -131,12 +133,32 @@ class StageRun:
 
     def log_metrics(self, metrics: dict[str, float], step: int = 0) -> None:
         self.tracker.log_metrics(self.run_id, metrics, step)
+        self.plots.mkdir(parents=True, exist_ok=True)
+        with open(self.plots / METRIC_HISTORY, "a") as f:  # one line per call: a killed run leaves whole lines
+            f.write(json.dumps({"step": step, "metrics": metrics}, default=float) + "\n")  # numpy numbers too
 
     def log_figure(self, fig, name: str) -> None:
         self.tracker.log_figure(self.run_id, fig, name, keep_in=self.plots)
 
 
 Produce = Callable[[Path, StageRun], dict[str, float]]
+METRIC_HISTORY = "metric_history.jsonl"
+
+
+def replay_metric_history(tracker: Tracker, run_id: str, path: Path) -> None:
+    """Log a stage's per-step metrics again (a cache hit's run), one value per (step, metric): the last one a
+    run that was killed and resumed logged. A torn last line (a kill while writing) is skipped."""
+    if not path.exists():
+        return
+    by_step: dict[int, dict[str, float]] = {}
+    for line in path.read_text().splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        by_step.setdefault(int(record["step"]), {}).update(record["metrics"])
+    for step in sorted(by_step):
+        tracker.log_metrics(run_id, by_step[step], step)
 
 
 def _stage_logger() -> logging.Logger | logging.LoggerAdapter:
@@ -251,6 +273,7 @@ def run_stage(
                                       "rlhf.output_path": hit.path})
             for figure in sorted(plots.glob("*.png")):
                 tracker.log_artifact(run_id, figure, "plots")
+            replay_metric_history(tracker, run_id, plots / METRIC_HISTORY)  # e.g. PPO's curves, per iteration
             # metrics and outputs as on a miss; this also registers a model whose first run was killed before it could
             _log_outputs(store, tracker, run_id, hit, store.manifest(hit).metrics, register_as)
             tracker.end_run(run_id)

@@ -40,3 +40,36 @@ def test_the_experiment_opens_on_mlflows_model_training_view(tmp_path):
     for name in ("ours", "made-elsewhere"):
         Tracker(uri, name)
         assert client.get_experiment_by_name(name).tags["mlflow.experimentKind"] == "custom_model_development"
+
+
+def test_a_cache_hit_on_a_new_mlflow_store_logs_the_per_step_metrics_the_miss_logged(tmp_path):
+    """As PPO's per-iteration curves: the hit's run gets one value per (step, metric), the last one logged,
+    even when the miss was killed and resumed (the history then holds a step twice) or left a torn line."""
+    from mlflow import MlflowClient
+
+    from tasks.common import METRIC_HISTORY
+
+    def context(store: str) -> RunContext:
+        uri = f"sqlite:///{tmp_path / store}"
+        parent = Tracker(uri, "history").start_run("round", {})
+        return RunContext(workdir=str(tmp_path / "work"), tracking_uri=uri, experiment="history",
+                          parent_run_id=parent, round_name="t")
+
+    def produce(out, run):
+        for step, value in [(1, 0.5), (2, 0.25), (2, 0.3)]:  # step 2 again: a resumed run's last word counts
+            run.log_metrics({"ppo/loss": value, "iteration": float(step)}, step=step)
+        with open(run.plots / METRIC_HISTORY, "a") as f:
+            f.write('{"step": 3, "metr')  # a kill in the middle of a line
+        (out / "numbers.json").write_text("[1]")
+        return {"count": 1.0}
+
+    def once(ctx: RunContext) -> str:
+        run_stage(ctx, stage="count", version="1", kind="numbers", config={}, inputs={}, produce=produce)
+        client = MlflowClient(ctx.tracking_uri)
+        run = client.search_runs([client.get_experiment_by_name("history").experiment_id],
+                                 filter_string="tags.`rlhf.stage` = 'count'")[0]
+        history = client.get_metric_history(run.info.run_id, "ppo/loss")
+        return run.data.tags["rlhf.cache"], sorted((m.step, m.value) for m in history)
+
+    assert once(context("miss.db")) == ("miss", [(1, 0.5), (2, 0.25), (2, 0.3)])  # as logged, live
+    assert once(context("hit.db")) == ("hit", [(1, 0.5), (2, 0.3)])
