@@ -100,6 +100,22 @@ def round_pairs(art: dict, seed: int):
     return policy, pairs, gold_eval_pairs(policy, eval_prompts, seed=seed, samples_per_prompt=8)
 
 
+def seed_results(seeds: list[int], work_dir: Path, run_seed) -> list[dict]:
+    """run_seed(seed, workdir) for each seed, in a temporary workdir under `work_dir`; each result is kept as
+    work_dir/seed<N>.json (written atomically), so a killed benchmark resumes with the next seed."""
+    from rlhf_core.artifacts import atomic_write_text
+
+    work_dir.mkdir(parents=True, exist_ok=True)
+    results = []
+    for seed in seeds:
+        done = work_dir / f"seed{seed}.json"
+        if not done.exists():
+            with tempfile.TemporaryDirectory(dir=work_dir) as tmp:
+                atomic_write_text(done, json.dumps(run_seed(seed, Path(tmp))))
+        results.append(json.loads(done.read_text()))
+    return results
+
+
 def rm_report(model, tokenizer, eval_pairs, cfg) -> dict:
     from rlhf_core.reward.model import score_texts
     from rlhf_core.reward.train import pair_reward_diffs

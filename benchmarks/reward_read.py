@@ -22,7 +22,6 @@ import json
 import os
 import platform
 import sys
-import tempfile
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -30,7 +29,7 @@ from pathlib import Path
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 sys.path.insert(0, str(Path(__file__).parent))
 
-from reward_modelling import TYPES, _cell, gold_oriented, rm_report, round_pairs  # noqa: E402
+from reward_modelling import TYPES, _cell, gold_oriented, rm_report, round_pairs, seed_results  # noqa: E402
 
 READS = {"plain": "end_token+logprob", "weighted": "end_token+weighted_logprob"}
 # final reward model (read, labels): labels are raw, gold, or "denoised by <voter read>"
@@ -121,16 +120,8 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("docs/reward-read-benchmark.md"))
     parser.add_argument("--work-dir", type=Path, default=Path("rlhf-runs/benchmarks/reward-read"))
     args = parser.parse_args()
-    args.work_dir.mkdir(parents=True, exist_ok=True)
-    start, results = time.time(), []
-    for seed in args.seeds:
-        done = args.work_dir / f"seed{seed}.json"
-        if not done.exists():
-            with tempfile.TemporaryDirectory(dir=args.work_dir) as tmp:
-                result = run_seed(seed, Path(tmp))
-            done.with_suffix(".tmp").write_text(json.dumps(result))
-            done.with_suffix(".tmp").replace(done)  # atomic: a killed run never leaves half a seed
-        results.append(json.loads(done.read_text()))
+    start = time.time()
+    results = seed_results(args.seeds, args.work_dir, run_seed)
     write_report(results, args.out, time.time() - start)
     print(f"wrote {args.out}")
 
