@@ -41,7 +41,8 @@ def test_trl_reward_benchmark_writes_its_result_and_doc_section(tmp_path):
     assert result["setup"]["longest_pair_tokens"] == len("Q: \n\nHuman: What is 15 plus 15?\n\nAssistant:\nA:") + 9 + 1
     assert set(result["runs"]) == set(trl_reward.CONTENDERS)
     for name, (run,) in result["runs"].items():
-        assert run["steps"] == 1 and run["seconds"] > 0
+        assert run["steps"] == 1 and run["seconds"] > 0 and run["cpu_seconds"] > 0
+        assert result["median_pairs_per_cpu_s"][name] == pytest.approx(16 / run["cpu_seconds"])
         assert run["pairs_per_s"] == pytest.approx(16 / run["seconds"])
         assert result["median_pairs_per_s"][name] == statistics.median([run["pairs_per_s"]])
         # 6 FLOPs per non-embedding parameter per real token, over the measured peak
@@ -51,6 +52,8 @@ def test_trl_reward_benchmark_writes_its_result_and_doc_section(tmp_path):
     best_trl = max(median["trl"], median["trl_grouped"])
     assert median[result["trl_best"]] == best_trl
     assert result["ratio_vs_trl"]["project_grouped"] == pytest.approx(median["project_grouped"] / best_trl)
+    cpu = result["median_pairs_per_cpu_s"]
+    assert result["cpu_ratio_vs_trl"]["project"] == pytest.approx(cpu["project"] / cpu[result["trl_best"]])
     # hidden 32, 1 layer: q 32 x 32 + bias, k and v 32 x 16 + bias (2 of 4 heads), o 32 x 32; MLP 3 x 32 x 96;
     # two layer norms and the final one, 32 each (the tied LM head is the embedding, not counted)
     n_params = (32 * 32 + 32) + 2 * (32 * 16 + 16) + 32 * 32 + 3 * 32 * 96 + 3 * 32
