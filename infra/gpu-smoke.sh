@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # GPU smoke test of the stages that run as worker groups (generate, vote, reward, ppo): the round up to
-# PPO on SmolLM2-135M-Instruct (configs/smollm2.yaml) with 1 GPU, with N GPUs, and with N GPUs and
-# DeepSpeed ZeRO-2 for the reward model. Each run has its own workdir (num_processes is kept out of
-# the cache key, so a shared workdir would serve the second run from the cache). PPO samples 8 prompts per
-# rollout in every run (each rank needs at least one: N <= 8). Not run in the tests:
-# they have no GPU. See docs/workers.md.
+# PPO on SmolLM2-135M-Instruct (configs/smollm2.yaml) with 1 GPU, with N GPUs, with N GPUs and DeepSpeed
+# ZeRO-2 for the reward model and PPO, and with N GPUs and ZeRO-3 for both. Each run has its own workdir
+# (num_processes and deepspeed are kept out of the cache key, so a shared workdir would serve the later runs
+# from the cache). PPO samples 8 prompts per rollout in every run (each rank needs at least one: N <= 8).
+# Not run in the tests: they have no GPU. See docs/workers.md.
 #
 #   bash infra/gpu-smoke.sh [N]     # N: GPUs for the multi-GPU runs, default: every GPU nvidia-smi lists
 #
@@ -32,7 +32,9 @@ run() {  # run LABEL NUM_PROCESSES [--set KEY=VALUE ...]
 
 run "gpus-1" 1
 run "gpus-$N" "$N"
-run "gpus-$N-zero2" "$N" --set reward.deepspeed=zero2
+run "gpus-$N-zero2" "$N" --set reward.deepspeed=zero2 --set ppo.deepspeed=zero2
+run "gpus-$N-zero3" "$N" --set reward.deepspeed=zero3 --set ppo.deepspeed=zero3
 echo "Compare the runs' reward/gold_accuracy_heldout, PPO's objective/* curves and world_size in MLflow (or the"
 echo "logs): world sizes equal to N and close numbers say the worker groups ran data parallel (PPO's N-rank"
-echo "run should match the 1-GPU run up to float summation order, docs/workers.md)."
+echo "run should match the 1-GPU run up to float summation order, docs/workers.md); the DeepSpeed runs log"
+echo "execution.deepspeed in each stage's run."

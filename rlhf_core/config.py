@@ -438,10 +438,10 @@ class RewardConfig(StrictModel):
         "summation order; 1 = in-process",
     )
     deepspeed: str | None = Field(
-        None, description="DeepSpeed ZeRO-2 (Rajbhandari et al. 2020: optimizer state and gradients partitioned over "
-        "the worker ranks): null = off; zero2 = infra/deepspeed/zero2.json; or the path of a DeepSpeed JSON config "
-        "(stage 1 or 2). Same model as plain data parallelism. ZeRO-3 (zero3.json) is refused here: it partitions "
-        "the weights, and the reward model reads its tied embeddings outside a module call",
+        None, description="DeepSpeed ZeRO (Rajbhandari et al. 2020) over the worker ranks: null = off; zero2 = "
+        "infra/deepspeed/zero2.json (optimizer state and gradients partitioned); zero3 = infra/deepspeed/zero3.json "
+        "(the weights too, gathered into a whole model after training); or the path of a DeepSpeed JSON config "
+        "(fp32, no optimizer or scheduler section). Same model as plain data parallelism",
     )
 
     @model_validator(mode="after")
@@ -449,9 +449,9 @@ class RewardConfig(StrictModel):
         t = self.train
         if (self.num_processes > 1 or self.deepspeed) and (t.contrastive.coef or t.meta.enabled or t.lm_coef):
             raise ValueError(REWARD_DATA_PARALLEL_LIMITS)
-        if self.deepspeed not in (None, "zero2") and not self.deepspeed.endswith(".json"):
-            raise ValueError(f"reward.deepspeed {self.deepspeed!r}: give null, zero2 or the path of a DeepSpeed JSON "
-                             "config (zero3 partitions the weights, which the reward model's logprob read cannot take)")
+        if self.deepspeed not in (None, "zero2", "zero3") and not self.deepspeed.endswith(".json"):
+            raise ValueError(f"reward.deepspeed {self.deepspeed!r}: give null, zero2, zero3 or the path of a DeepSpeed "
+                             "JSON config")
         return self
 
 

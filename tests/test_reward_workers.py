@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -12,6 +13,7 @@ from mlflow import MlflowClient
 from rlhf_core.config import RewardConfig, RewardTrainConfig, load_config
 from rlhf_core.reward.model import RewardModel
 from rlhf_core.reward.train import pair_reward_diffs, rank_shard, train_reward_model
+from tasks.launch import INFRA
 from tasks.reward import train_on_ranks
 from test_reward import init_dir, make_pairs  # noqa: F401 - init_dir: the tiny policy fixture
 
@@ -87,9 +89,34 @@ def test_zero2_on_two_cpu_ranks_trains_and_saves_the_one_process_model(init_dir,
           f"process {max_weight_diff(one, zero2):.2e}")
 
 
+@pytest.mark.slow  # as the ZeRO-2 test; and ZeRO-3 gathers the weights at every module's forward and backward
+def test_zero3_on_two_cpu_ranks_gives_the_one_process_model(init_dir, worker_env, tmp_path):
+    """Every weight partitioned (persistence threshold 0: the default would keep this tiny model's tensors whole),
+    the tied embeddings that the logprob read multiplies by included. 25 pairs in batches of 8, one epoch: the
+    last batch holds 1 pair, so rank 1 steps on the stand-in row weighted 0 there."""
+    ds_config = json.loads((INFRA / "deepspeed" / "zero3.json").read_text())
+    ds_config["zero_optimization"]["stage3_param_persistence_threshold"] = 0
+    (tmp_path / "zero3.json").write_text(json.dumps(ds_config))  # a DeepSpeed JSON given by its path
+    pairs, cfg = PAIRS.iloc[:25], CFG.model_copy(update={"epochs": 1})
+    assert cfg.read == "end_token+logprob"
+    one, _, one_metrics = train_reward_model(init_dir, pairs, cfg, seed=5)
+    zero3, _, metrics = train_on_ranks(RewardConfig(train=cfg, num_processes=2, deepspeed=str(tmp_path / "zero3.json")),
+                                       init_dir, pairs, 5, None, tmp_path / "run")
+    assert metrics["world_size"] == 2 and metrics["steps"] == one_metrics["steps"] == 4
+    before = RewardModel.from_policy(init_dir, 5, cfg.read)
+    weight_diff, moved = max_weight_diff(one, zero3), max_weight_diff(one, before)
+    embeddings = [m.trunk().get_input_embeddings().weight for m in (one, zero3, before)]
+    embeddings_moved = (embeddings[0] - embeddings[2]).abs().max().item()
+    assert weight_diff < WEIGHT_TOLERANCE < embeddings_moved / 100 <= moved / 100  # the tied embeddings trained too
+    for name in ("loss", "accuracy", "logprob_weight"):
+        assert metrics[name] == pytest.approx(one_metrics[name], abs=1e-5), name
+    print(f"ZeRO-3, 2 ranks: max weight diff to 1 process {weight_diff:.2e} (weights moved {moved:.2e}, the "
+          f"embeddings {embeddings_moved:.2e}), loss {metrics['loss']:.6f} vs {one_metrics['loss']:.6f}")
+
+
 def test_deepspeed_settings_are_checked_at_the_boundary():
-    with pytest.raises(ValueError, match="zero3 partitions the weights"):
-        RewardConfig(train=CFG, num_processes=2, deepspeed="zero3")
+    with pytest.raises(ValueError, match="give null, zero2, zero3 or the path of a DeepSpeed JSON config"):
+        RewardConfig(train=CFG, num_processes=2, deepspeed="zero-3")
     with pytest.raises(ValueError, match="reward.train.lm_coef 0"):
         RewardConfig(train=CFG.model_copy(update={"lm_coef": 0.5}), deepspeed="zero2")
 

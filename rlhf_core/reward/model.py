@@ -223,6 +223,13 @@ class RewardModel(nn.Module):
         return torch.zeros(predicts_response.shape, dtype=token_logp.dtype, device=token_logp.device
                            ).masked_scatter(predicts_response, token_logp)
 
+    def weights_read_outside_their_module(self) -> list[nn.Parameter]:
+        """The weights `forward` reads outside their own module's call: the tied input embeddings the logprob
+        reads multiply by (`response_token_logprob`). ZeRO-3 gathers a partitioned weight only in its module's
+        forward, so a ZeRO-3 trainer registers these with the model (deepspeed.zero.register_external_parameter)
+        to have them gathered for the model's whole forward and backward."""
+        return [] if self.read == "end_token" else [self.trunk().get_input_embeddings().weight]
+
     def forward(self, input_ids, attention_mask, response_mask) -> torch.Tensor:
         batch = {"input_ids": input_ids, "attention_mask": attention_mask, "response_mask": response_mask}
         return self.rewards_from_hidden(self.hidden_states(input_ids, attention_mask), batch)

@@ -123,8 +123,11 @@ def pair_loss(model: RewardModel, batch: dict[str, torch.Tensor], pairs: pd.Data
     differ (SimCSE), and the samples are the responses or the pairs' differences (see `contrastive_samples`).
     """
     B = len(pairs)
-    hidden = model.hidden_states(batch["input_ids"], batch["attention_mask"])  # (2B, T, H)
-    rewards = model.rewards_from_hidden(hidden, batch)  # (2B,)
+    if cfg.lm_coef or cfg.contrastive.coef:  # they read the hidden states too: one trunk pass for all
+        hidden = model.hidden_states(batch["input_ids"], batch["attention_mask"])  # (2B, T, H)
+        rewards = model.rewards_from_hidden(hidden, batch)  # (2B,)
+    else:  # the model's own call: under ZeRO-3 its hooks gather every weight the reward reads
+        rewards = model(batch["input_ids"], batch["attention_mask"], batch["response_mask"])  # (2B,)
     device = rewards.device
     soft = _optional_column(pairs, "soft_label", device)
     if cfg.label_smoothing:
@@ -256,10 +259,31 @@ def deepspeed_step(accelerator, model, encoded: EncodedPairs, pairs: pd.DataFram
                    global_size: int, cfg: RewardTrainConfig) -> tuple[torch.Tensor, dict[str, float]]:
     """One data-parallel step through DeepSpeed's engine, which averages the gradients over the ranks,
     clips them and steps the optimizer (accelerate's optimizer wrapper's own step then does nothing).
-    The loss is scaled by the world size so that its average is the sum `shard_gradients` takes."""
-    loss, totals = shard_loss(model, encoded, pairs, shard, global_size, cfg)
+    The loss is scaled by the world size so that its average is the sum `shard_gradients` takes.
+
+    Every rank runs the same forward and backward: ZeRO-3 gathers a module's weights in its forward and
+    backward (collectives), and ZeRO reduces the gradients in the order the backward makes them. A rank with
+    no rows of the batch therefore steps on a stand-in, the first pair, weighted 0."""
+    if len(shard):
+        loss, totals = shard_loss(model, encoded, pairs, shard, global_size, cfg)
+    else:
+        loss, totals = shard_loss(model, encoded, pairs, np.arange(1), global_size, cfg)
+        loss, totals = loss * 0.0, totals * 0.0
     accelerator.backward(loss * accelerator.num_processes)
     return global_metrics(totals)
+
+
+def gathered_copy(partitioned: RewardModel, whole: RewardModel) -> RewardModel:
+    """`whole` (the same architecture, not partitioned) with the weights of a ZeRO-3 model, gathered one at a
+    time: a collective, every rank calls it. A (1,)-shaped stand-in of a 0-dim weight takes its 0-dim shape."""
+    from deepspeed.runtime.zero import GatheredParameters
+
+    weights = dict(whole.named_parameters())
+    with torch.no_grad():
+        for name, weight in partitioned.named_parameters():
+            with GatheredParameters([weight]):
+                weights[name].copy_(weight.reshape(weights[name].shape))
+    return whole
 
 
 def global_metrics(totals: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
@@ -307,7 +331,10 @@ def train_reward_model(
     same global batch, up to float summation order. Losses that are not a mean over pairs are refused
     there (REWARD_DATA_PARALLEL_LIMITS; RewardConfig checks it first). `deepspeed`: the worker's
     Accelerator when launched with a DeepSpeed config (ZeRO); the model and optimizer then go through its
-    prepare, and its engine takes the backward, the gradient average, the clipping and the optimizer step.
+    prepare, and its engine takes the backward, the gradient average, the clipping and the optimizer step. Under
+    ZeRO-3 the weights the model reads outside their module's call are registered with it (see
+    `RewardModel.weights_read_outside_their_module`), and the model returned on every rank is built again whole
+    with the trained weights gathered into it (`gathered_copy`).
     `device`: where the model and batches live (a worker rank's GPU); None = where the model loads (CPU).
 
     Returns (model in eval mode, tokenizer, metrics): loss and accuracy are means over the last
@@ -351,6 +378,12 @@ def train_reward_model(
         for p in scalars:
             p.data = p.data.reshape(1)
         deepspeed.state.deepspeed_plugin.deepspeed_config["gradient_clipping"] = cfg.max_grad_norm
+        partitioned = deepspeed.state.deepspeed_plugin.zero_stage == 3  # ZeRO-3: the weights too
+        if partitioned:
+            from deepspeed.runtime.zero import register_external_parameter
+
+            for weight in model.weights_read_outside_their_module():
+                register_external_parameter(model, weight)
         # the schedule stays ours: accelerate's wrapper would step it once per rank at every step
         model, optimizer = deepspeed.prepare(model, optimizer)
 
@@ -385,8 +418,12 @@ def train_reward_model(
     bar.close()
     if deepspeed is not None:
         model = deepspeed.unwrap_model(model)
-        for p in scalars:
-            p.data = p.data.reshape(())
+        if partitioned:  # a whole model on every rank, built again, the trained weights gathered into it
+            whole = RewardModel.from_policy(init_dir, seed, cfg.read)
+            model = gathered_copy(model, whole if device is None else whole.to(device))
+        else:
+            for p in scalars:
+                p.data = p.data.reshape(())
     model.eval()
     metrics = {
         "loss": float(np.mean(epoch_loss)),

@@ -7,7 +7,8 @@
 Every rank runs `train_reward_model` with its rank and the world size: the same global batches as one
 process, gradients summed over ranks, so every rank ends with the same weights. Launched with a DeepSpeed
 config (`accelerate launch --use_deepspeed --deepspeed_config_file infra/deepspeed/zero2.json ...`), the
-step goes through DeepSpeed's engine (ZeRO: optimizer state and gradients partitioned over the ranks).
+step goes through DeepSpeed's engine (ZeRO-2: optimizer state and gradients partitioned over the ranks;
+ZeRO-3 with zero3.json: the weights too, gathered into a whole model on every rank after training).
 Only the main process writes DIR (the model, metrics.json) and then DIR/world_size.txt once all ranks
 are done. A plain `python -m rlhf_core.workers.train_reward ...` runs as one rank.
 """
@@ -20,6 +21,7 @@ from pathlib import Path
 
 import pandas as pd
 from accelerate.utils import DistributedType
+from transformers.integrations import unset_hf_deepspeed_config
 
 from rlhf_core.artifacts import atomic_write_text
 from rlhf_core.config import RewardTrainConfig
@@ -41,6 +43,10 @@ def main(argv: list[str] | None = None) -> None:
     cfg = RewardTrainConfig.model_validate_json(Path(args.config).read_text())
     pairs = pd.read_parquet(args.pairs)
     deepspeed = accelerator if accelerator.distributed_type == DistributedType.DEEPSPEED else None
+    if deepspeed is not None:
+        # With a ZeRO-3 config accelerate registers it with transformers, whose from_pretrained would then
+        # partition the model as it loads; the model loads whole and the engine partitions it (as the PPO worker).
+        unset_hf_deepspeed_config()
     model, tokenizer, metrics = train_reward_model(
         args.init_dir, pairs, cfg, args.seed, progress=args.progress and accelerator.is_main_process,
         rank=accelerator.process_index, world_size=accelerator.num_processes, deepspeed=deepspeed,
