@@ -117,6 +117,7 @@ def test_zero3_on_two_cpu_ranks_gives_the_one_process_model(init_dir, worker_env
 def test_deepspeed_settings_are_checked_at_the_boundary():
     with pytest.raises(ValueError, match="give null, zero2, zero3 or the path of a DeepSpeed JSON config"):
         RewardConfig(train=CFG, num_processes=2, deepspeed="zero-3")
+    assert RewardConfig(train=CFG, num_processes=2, deepspeed="zero3").deepspeed == "zero3"  # no longer refused
     with pytest.raises(ValueError, match="reward.train.lm_coef 0"):
         RewardConfig(train=CFG.model_copy(update={"lm_coef": 0.5}), deepspeed="zero2")
 
