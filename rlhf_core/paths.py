@@ -77,4 +77,22 @@ def check_config_paths(config) -> dict[str, Path]:
     for key, path in resolved.items():
         if key.startswith("annotation.exports") and not path.is_file():
             raise PathNotAllowedError(f"{key}: {path} is a directory; list the export files themselves")
+        if key.endswith(".deepspeed"):
+            check_deepspeed_json(key, path)
     return resolved
+
+
+def check_deepspeed_json(key: str, path: Path) -> None:
+    """A stage's own DeepSpeed JSON: readable JSON with no optimizer or scheduler section (the stages bring
+    their own AdamW and learning-rate schedule), checked before any work rather than in the worker."""
+    import json
+
+    try:
+        config = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise PathNotAllowedError(f"{key}: {path} is not a readable DeepSpeed JSON config ({err})") from None
+    if not isinstance(config, dict):
+        raise PathNotAllowedError(f"{key}: {path} holds a JSON {type(config).__name__}, not a DeepSpeed config")
+    if sections := [name for name in ("optimizer", "scheduler") if name in config]:
+        raise PathNotAllowedError(f"{key}: {path} names {' and '.join(sections)}; the stage brings its own AdamW and "
+                                  "learning-rate schedule (its lr and schedule settings): remove those sections")

@@ -80,3 +80,20 @@ def test_a_directory_export_a_file_workdir_a_non_utf8_config_and_a_one_response_
     with pytest.raises(ConfigError, match="the plan gives 1 response per prompt"):
         parse_config(one)
     assert parse_config(one | {"annotation": {"exports": ["data/ok.json"]}})  # pairs come from the exports
+
+
+def test_a_deepspeed_json_with_its_own_optimizer_or_not_json_is_refused_before_any_work(layout):
+    data = layout / "project" / "data"
+    (data / "ds.json").write_text('{"zero_optimization": {"stage": 2}}')
+    assert check_config_paths(parse_config({"ppo": {"deepspeed": "data/ds.json"}})) == {
+        "ppo.deepspeed": data / "ds.json"}
+    (data / "adam.json").write_text('{"zero_optimization": {"stage": 3}, "optimizer": {"type": "Adam"}, '
+                                    '"scheduler": {"type": "WarmupLR"}}')
+    with pytest.raises(PathNotAllowedError, match=r"reward.deepspeed: .*adam.json names optimizer and scheduler; "
+                                                  "the stage brings its own AdamW"):
+        check_config_paths(parse_config({"reward": {"deepspeed": "data/adam.json"}}))
+    (data / "torn.json").write_text('{"zero_optimization": {"sta')
+    with pytest.raises(PathNotAllowedError, match=r"ppo.deepspeed: .*torn.json is not a readable DeepSpeed JSON"):
+        check_config_paths(parse_config({"ppo": {"deepspeed": "data/torn.json"}}))
+    with pytest.raises(PathNotAllowedError, match=r"ppo.deepspeed: .*ok.json holds a JSON list"):
+        check_config_paths(parse_config({"ppo": {"deepspeed": "data/ok.json"}}))
