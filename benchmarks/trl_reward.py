@@ -260,6 +260,7 @@ def markdown_section(result: dict) -> str:
         + ", ".join(f"{r['cpu_seconds']:.1f}" for r in runs) + f" | {cpu[name] / cpu[trl_best]:.2f}x |"
         for name, runs in result["runs"].items()
     )
+    mega = s["batch_size"] * max(1, min(s["pairs"] // (4 * s["batch_size"]), 50))
     notes = "".join(f"\n- {note}" for note in result.get("notes", []))
     notes = f"\nNotes on this run:\n{notes}\n" if notes else ""
     verdict = ""
@@ -276,7 +277,7 @@ def markdown_section(result: dict) -> str:
     return f"""{SECTION_START}
 ## Reward-model training vs TRL's RewardTrainer
 
-Machine: {m['cpus']} CPU cores ({m['processor']}), torch {m['torch']} on {m['torch_threads']} threads, transformers
+Machine: {m['cpus']} CPU cores ({m['processor']}), torch {m['torch']} on {m['torch_threads']} thread(s), transformers
 {m['transformers']}, TRL {m['trl']}; fp32 GEMM peak measured in the run {m['fp32_gemm_peak_gflops']:.0f} GFLOP/s;
 load average {m['load_average_at_start']:.1f} at the start; {result['date']}. Absolute times are context (the notes
 below say how busy the machine was); the ratios come from contenders run in turn within each repeat (order
@@ -307,9 +308,9 @@ trl/trainer/reward_trainer.py, transformers' trainer_pt_utils.py):
 - project: tokenises every pair once before the first epoch (`encode_pairs`: query and reply tokenised
   separately, eos appended), then per step right-pads the batch's chosen and rejected together to its longest
   (`pair_batch`, 2B rows), runs the trunk once, reads the head at each eos; with `end_token+logprob` it also
-  takes every response position's log-prob under the tied embeddings and sums the reply's. Then clipping,
+  runs the tied LM head at the positions that predict a reply token (only those) and sums their log-probs. Then clipping,
   AdamW, linear decay. Batching `random`: a numpy permutation per epoch cut into batches; `length_grouped`:
-  that permutation cut into mega-batches (here 4 of 64 pairs: transformers' rule, 50 batches or fewer so that
+  that permutation cut into mega-batches (here of {mega} pairs: transformers' rule, 50 batches or fewer so that
   there are at least 4), each sorted by the pair's longer side and cut into batches, the batches shuffled.
 - TRL: tokenises the whole data set once in the trainer's constructor (`datasets.map`: prompt + reply + eos
   string, inside the timed span), then per step its `DataCollatorForPreference` right-pads chosen and rejected
