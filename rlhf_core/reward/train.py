@@ -232,11 +232,12 @@ def shard_loss(model: RewardModel, encoded: EncodedPairs, pairs: pd.DataFrame, s
     mean over the global batch whatever the shard sizes.
     """
     device = next(model.parameters()).device
-    if not len(shard):  # a last batch smaller than the world: nothing from this rank, but it joins the sums
-        zero = sum(p.sum() for p in model.parameters() if p.requires_grad) * 0.0
-        return zero, torch.zeros(2, dtype=torch.float64, device=device)
-    loss, metrics = pair_loss(model, pair_batch(encoded, shard, device), pairs.iloc[shard], cfg)
+    # a last batch smaller than the world leaves this rank no rows: it still runs the same forward and backward
+    # as the others (ZeRO-3 gathers weights in them, ZeRO reduces gradients in backward order), on a stand-in,
+    # the first pair, weighted 0
     weight = len(shard) / global_size
+    shard = shard if len(shard) else np.arange(1)
+    loss, metrics = pair_loss(model, pair_batch(encoded, shard, device), pairs.iloc[shard], cfg)
     totals = torch.tensor([weight * loss.item(), weight * metrics["accuracy"]], dtype=torch.float64, device=device)
     return weight * loss, totals
 
@@ -259,16 +260,9 @@ def deepspeed_step(accelerator, model, encoded: EncodedPairs, pairs: pd.DataFram
                    global_size: int, cfg: RewardTrainConfig) -> tuple[torch.Tensor, dict[str, float]]:
     """One data-parallel step through DeepSpeed's engine, which averages the gradients over the ranks,
     clips them and steps the optimizer (accelerate's optimizer wrapper's own step then does nothing).
-    The loss is scaled by the world size so that its average is the sum `shard_gradients` takes.
-
-    Every rank runs the same forward and backward: ZeRO-3 gathers a module's weights in its forward and
-    backward (collectives), and ZeRO reduces the gradients in the order the backward makes them. A rank with
-    no rows of the batch therefore steps on a stand-in, the first pair, weighted 0."""
-    if len(shard):
-        loss, totals = shard_loss(model, encoded, pairs, shard, global_size, cfg)
-    else:
-        loss, totals = shard_loss(model, encoded, pairs, np.arange(1), global_size, cfg)
-        loss, totals = loss * 0.0, totals * 0.0
+    The loss is scaled by the world size so that its average is the sum `shard_gradients` takes; every rank
+    runs the same forward and backward (see `shard_loss`)."""
+    loss, totals = shard_loss(model, encoded, pairs, shard, global_size, cfg)
     accelerator.backward(loss * accelerator.num_processes)
     return global_metrics(totals)
 

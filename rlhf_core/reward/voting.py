@@ -46,7 +46,7 @@ from rlhf_core.artifacts import atomic_write, atomic_write_text
 from rlhf_core.config import VotingConfig
 from rlhf_core.reward.losses import bradley_terry_terms
 from rlhf_core.reward.model import RewardModel
-from rlhf_core.reward.train import _optional_column, _pair_batch, pair_reward_diffs, train_reward_model
+from rlhf_core.reward.train import _optional_column, encode_pairs, pair_batch, pair_reward_diffs, train_reward_model
 from rlhf_core.schemas import validate_table
 
 BUCKETS = ("incorrect", "ambiguous", "normal")
@@ -282,6 +282,7 @@ def shared_trunk_diffs(init_dir, pairs: pd.DataFrame, cfg: VotingConfig, seed: i
                                   weight_decay=tcfg.weight_decay)
     total = tcfg.epochs * -(-len(pairs) // tcfg.batch_size)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0 - step / total)
+    encoded = encode_pairs(tokenizer, pairs, tcfg.max_length)  # once: every batch is padded from it
     voters.train()
     bar = tqdm(total=total, desc="vote (shared trunk)", disable=not progress, leave=False)
     for _ in range(tcfg.epochs):
@@ -291,7 +292,7 @@ def shared_trunk_diffs(init_dir, pairs: pd.DataFrame, cfg: VotingConfig, seed: i
             rows = order[start : start + tcfg.batch_size]
             batch_pairs = pairs.iloc[rows]
             B = len(rows)
-            rewards = voters(_pair_batch(tokenizer, batch_pairs, tcfg.max_length))  # (2B, M)
+            rewards = voters(pair_batch(encoded, rows))  # (2B, M)
             gap = rewards[:B] - rewards[B:]  # (B, M)
             margin = _optional_column(batch_pairs, "margin")
             soft = _optional_column(batch_pairs, "soft_label")
@@ -312,7 +313,7 @@ def shared_trunk_diffs(init_dir, pairs: pd.DataFrame, cfg: VotingConfig, seed: i
     diffs = []
     with torch.no_grad():
         for start in range(0, len(pairs), 64):
-            batch_pairs = pairs.iloc[start : start + 64]
-            rewards = voters(_pair_batch(tokenizer, batch_pairs, tcfg.max_length))
-            diffs.append((rewards[: len(batch_pairs)] - rewards[len(batch_pairs):]).double().numpy())
+            rows = np.arange(start, min(start + 64, len(pairs)))
+            rewards = voters(pair_batch(encoded, rows))
+            diffs.append((rewards[: len(rows)] - rewards[len(rows):]).double().numpy())
     return np.concatenate(diffs), (correct / len(pairs)).tolist()
