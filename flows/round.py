@@ -80,26 +80,29 @@ def open_round(config: RoundConfig, round_no: int = 1, run_name: str | None = No
                series_run_id: str | None = None) -> RunContext:
     """Create the round's parent MLflow run (named `run_name`, default round-{name}-{round_no}), tagged with the
     Prefect flow run; nested under `series_run_id` (rlhf-rounds' run) when given."""
-    workdir = Path(config.workdir).resolve()
-    uri = config.tracking_uri or default_tracking_uri(workdir)
-    workdir.mkdir(parents=True, exist_ok=True)
-    tracker = Tracker(uri, config.experiment, workdir / "mlartifacts")
+    workdir, tracker = workdir_tracker(config)
     close_what_killed_rounds_left(workdir, tracker)
-    flow_run_id = str(flow_run.id or "")
-    tags = {
-        "rlhf.workdir": str(workdir),
-        "rlhf.round": config.name,
-        "rlhf.round_no": str(round_no),
-        "rlhf.config_digest": config_digest(config),
-        "rlhf.code_version": code_version(),
-        "prefect.flow_run_id": flow_run_id,
-        "prefect.flow_run_name": str(flow_run.name or ""),
-        "prefect.flow_run_url": str(flow_run.ui_url or ""),
-    }
+    tags = {"rlhf.workdir": str(workdir), "rlhf.round_no": str(round_no), **run_tags(config)}
     parent = tracker.start_run(run_name or f"round-{config.name}-{round_no}", tags, parent_run_id=series_run_id)
     tracker.log_params(parent, config.model_dump(mode="json", context=RESOLVED))  # preset switches as values
-    return RunContext(workdir=str(workdir), tracking_uri=uri, experiment=config.experiment, parent_run_id=parent,
-                      round_name=config.name, round_no=round_no, flow_run_id=flow_run_id)
+    return RunContext(workdir=str(workdir), tracking_uri=tracker.tracking_uri, experiment=config.experiment,
+                      parent_run_id=parent, round_name=config.name, round_no=round_no,
+                      flow_run_id=tags["prefect.flow_run_id"])
+
+
+def workdir_tracker(config: RoundConfig) -> tuple[Path, Tracker]:
+    """The round's workdir (created) and the Tracker of its MLflow store (config.tracking_uri or the workdir's)."""
+    workdir = Path(config.workdir).resolve()
+    workdir.mkdir(parents=True, exist_ok=True)
+    uri = config.tracking_uri or default_tracking_uri(workdir)
+    return workdir, Tracker(uri, config.experiment, workdir / "mlartifacts")
+
+
+def run_tags(config: RoundConfig) -> dict[str, str]:
+    """The tags a round's and an rlhf-rounds' MLflow run share: the config and code, and the Prefect flow run."""
+    return {"rlhf.round": config.name, "rlhf.config_digest": config_digest(config), "rlhf.code_version": code_version(),
+            "prefect.flow_run_id": str(flow_run.id or ""), "prefect.flow_run_name": str(flow_run.name or ""),
+            "prefect.flow_run_url": str(flow_run.ui_url or "")}
 
 
 def close_what_killed_rounds_left(workdir: Path, tracker: Tracker) -> None:
@@ -370,17 +373,11 @@ def open_series(config: RoundConfig, n_rounds: int) -> tuple[Tracker, str]:
     """The MLflow run of an rlhf-rounds flow run: each round's run nests under it, and it holds the headline
     numbers per round (step = round number), so the rounds compare as curves. A series run of the same workdir
     left RUNNING by a killed rlhf-rounds is marked KILLED first (one rlhf-rounds per workdir at a time)."""
-    workdir = Path(config.workdir).resolve()
-    workdir.mkdir(parents=True, exist_ok=True)
-    tracker = Tracker(config.tracking_uri or default_tracking_uri(workdir), config.experiment,
-                      workdir / "mlartifacts")
+    workdir, tracker = workdir_tracker(config)
     if killed := tracker.close_killed_runs(str(workdir), tag=SERIES_WORKDIR_TAG):
         get_run_logger().warning("marked %d rlhf-rounds MLflow run(s) of %s KILLED: left RUNNING by a killed "
                                  "process", killed, workdir)
-    tags = {SERIES_WORKDIR_TAG: str(workdir), "rlhf.round": config.name, "rlhf.config_digest": config_digest(config),
-            "rlhf.code_version": code_version(), "prefect.flow_run_id": str(flow_run.id or ""),
-            "prefect.flow_run_name": str(flow_run.name or ""), "prefect.flow_run_url": str(flow_run.ui_url or "")}
-    series = tracker.start_run(f"rounds-{config.name}", tags)
+    series = tracker.start_run(f"rounds-{config.name}", {SERIES_WORKDIR_TAG: str(workdir), **run_tags(config)})
     tracker.log_params(series, {"n_rounds": n_rounds, **config.model_dump(mode="json", context=RESOLVED)})
     return tracker, series
 
@@ -388,7 +385,7 @@ def open_series(config: RoundConfig, n_rounds: int) -> tuple[Tracker, str]:
 def log_series_round(tracker: Tracker, series: str, summary: dict[str, Any]) -> None:
     """One round's headline numbers on the series run, at step = its round number."""
     headline = summary["headline"]
-    tracker.log_metrics(series, {headline_metric(stage, key): headline[name] for name, (stage, key) in HEADLINE.items()
-                                 if headline.get(name) is not None}, step=summary["round_no"])
-    tracker.log_metrics(series, {"series/promoted": float(bool((summary["promotion"] or {}).get("promoted")))},
-                        step=summary["round_no"])
+    metrics = {headline_metric(stage, key): headline[name] for name, (stage, key) in HEADLINE.items()
+               if headline.get(name) is not None}
+    metrics["series/promoted"] = float(bool((summary["promotion"] or {}).get("promoted")))
+    tracker.log_metrics(series, metrics, step=summary["round_no"])
