@@ -41,7 +41,9 @@ import pandas as pd
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from doc_section import replace_section  # noqa: E402
 from rlhf_core import models  # noqa: E402
 from rlhf_core.annotation.text_pairs import split_hh_dialogue  # noqa: E402
 from rlhf_core.artifacts import atomic_write_text  # noqa: E402
@@ -325,15 +327,9 @@ trl/trainer/reward_trainer.py, transformers' trainer_pt_utils.py):
 
 def write_doc(doc: Path, section: str) -> None:
     """Put this benchmark's section into `doc`, replacing its earlier one; the other sections stay."""
-    text = doc.read_text() if doc.exists() else (
+    replace_section(doc, section, SECTION_START, SECTION_END, (
         "# Benchmarks against TRL (issue 12)\n\nEach section is written by its benchmark script; ratios are the "
-        "result, absolute times context.\n\n")
-    if SECTION_START in text and SECTION_END in text:
-        before, rest = text.split(SECTION_START, 1)
-        text = before + section.rstrip("\n") + rest.split(SECTION_END, 1)[1]
-    else:
-        text = text.rstrip("\n") + "\n\n" + section
-    atomic_write_text(doc, text)
+        "result, absolute times context.\n\n"))
 
 
 def main(argv: list[str] | None = None) -> dict:
