@@ -692,15 +692,19 @@ def plot_ppo_phases(result: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    gpus = (8, 16, 32, 64)
     for ax, policy in zip(axes, POLICIES):
-        bottom = [0.0] * 4
+        rows = [_find(result["stages"], policy=policy, precision="bf16", zero_stage=3, gpus=n,
+                      stage="ppo (frozen sharded, TP rollout)") for n in gpus]
+        bottom = [0.0] * len(gpus)
         for phase in ("generation", "scoring", "training", "communication"):
-            rows = [_find(result["stages"], policy=policy, precision="bf16", zero_stage=3, gpus=n,
-                          stage="ppo (frozen sharded, TP rollout)") for n in (8, 16, 32, 64)]
-            values = [r["phases"][phase] or 0.0 for r in rows]
-            ax.bar([str(n) for n in (8, 16, 32, 64)], values, bottom=bottom, label=phase)
+            values = [r["phases"][phase] if r["fits"] else 0.0 for r in rows]
+            ax.bar([str(n) for n in gpus], values, bottom=bottom, label=phase)
             bottom = [b + v for b, v in zip(bottom, values)]
-        ax.set_title(f"{policy} policy (✗ at {', '.join(str(r['gpus']) for r in rows if not r['fits']) or 'none'})")
+        for x, r in enumerate(rows):
+            if not r["fits"]:
+                ax.text(x, 0, f"does not fit\n({r['memory_gb']:,.0f} GB)", ha="center", va="bottom", fontsize=8)
+        ax.set_title(f"{policy} policy")
         ax.set_xlabel("GPUs")
         ax.set_ylabel("seconds per 1,024 prompts")
     axes[0].legend()
