@@ -228,7 +228,7 @@ def generation(model: Transformer, gpu: Gpu, engine: str, n_sequences: int, prom
     cache; a wave is a prefill (2N per prompt token) and response_tokens decode steps at the mean context."""
     replicas = n_gpus // tensor_parallel
     per_replica = math.ceil(n_sequences / replicas)
-    kv_token = kv_bytes_per_token(model, weight_bytes_per_param)
+    kv_token = kv_bytes_per_token(model, weight_bytes_per_param)  # the cache is kept in the weights' dtype
     kv_sequence = kv_token * (prompt_tokens + response_tokens)  # a sequence's cache at its longest
     batch = min(per_replica, int(free_bytes_per_gpu * tensor_parallel // kv_sequence))
     if batch < 1:
