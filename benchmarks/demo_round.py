@@ -1,9 +1,10 @@
 """Time the embedded demo round end to end and per stage; write docs/demo-timing.md.
 
-    .venv/bin/python benchmarks/demo_round.py [--config configs/demo.yaml] [--out docs/demo-timing.md]
+    .venv/bin/python benchmarks/demo_round.py [--config configs/demo.yaml] [--out docs/demo-timing.md] [--workdir DIR]
 
 Runs in a fresh temporary workdir (nothing cached) with Prefect's ephemeral API and a local
-MLflow store, exactly as `rlhf demo` does.
+MLflow store, exactly as `rlhf demo` does. --workdir runs it in DIR instead and keeps it (stages
+already there come from its cache: the smoke test's shared miniature round).
 """
 
 from __future__ import annotations
@@ -24,11 +25,13 @@ def _number(value: float) -> str:
     return str(int(value)) if float(value).is_integer() and abs(value) >= 1 else f"{value:.3f}"
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--config", default=None, help="YAML config (default: the embedded demo)")
     parser.add_argument("--out", default="docs/demo-timing.md")
-    args = parser.parse_args()
+    parser.add_argument("--workdir", default=None, help="run the round here and keep it (default: a fresh temporary "
+                        "workdir, nothing cached)")
+    args = parser.parse_args(argv)
 
     import torch
 
@@ -37,12 +40,13 @@ def main() -> None:
     from rlhf_core.config import RoundConfig, load_config
 
     with tempfile.TemporaryDirectory() as tmp:
-        overrides = [f"workdir={tmp}/run"]
-        cfg = load_config(args.config, overrides=overrides) if args.config else RoundConfig(workdir=f"{tmp}/run")
+        workdir = args.workdir or f"{tmp}/run"
+        overrides = [f"workdir={workdir}"]
+        cfg = load_config(args.config, overrides=overrides) if args.config else RoundConfig(workdir=workdir)
         start = time.time()
         summary = rlhf_round(config=cfg)
         total = time.time() - start
-        store = ArtifactStore(Path(tmp) / "run" / "artifacts")
+        store = ArtifactStore(Path(workdir) / "artifacts")
         stage_seconds = {
             stage: store.manifest(store.find(a["kind"], a["digest"])).metrics.get("time/stage_seconds", float("nan"))
             for stage, a in summary["artifacts"].items()
@@ -52,7 +56,9 @@ def main() -> None:
         "# Demo round timing",
         "",
         f"Measured {datetime.now(timezone.utc):%Y-%m-%d} by `benchmarks/demo_round.py` "
-        f"({args.config or 'embedded defaults'}), fresh workdir, nothing cached.",
+        f"({args.config or 'embedded defaults'}), "
+        + (f"workdir {args.workdir} (stages it held before come from its cache)." if args.workdir
+           else "fresh workdir, nothing cached."),
         f"Machine: {os.cpu_count()} cores, {platform.processor() or platform.machine()}, "
         f"torch {torch.__version__} ({torch.get_num_threads()} threads), no GPU.",
         "",

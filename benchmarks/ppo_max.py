@@ -1,6 +1,7 @@
 """PPO-max against vanilla PPO on the simulated world, where gold is known: writes docs/ppo-max-benchmark.md.
 
     .venv/bin/python benchmarks/ppo_max.py [--seeds 0 1 2] [--runs NAME ...] [--out docs/ppo-max-benchmark.md]
+        [--config configs/mini.yaml] [--rounds-dir DIR]
 
 Per seed, the round runs up to the reward model in --work-dir (the stages come from its cache on a
 re-run), and a baseline reward model is trained with the same recipe on the raw (not denoised)
@@ -17,7 +18,8 @@ settings (policy learning rate, KL coefficient) at this model size, and PPO-max,
 demo settings at a longer budget.
 Each finished (seed, run) is kept as JSON in --work-dir (named by the run, so delete the folder after
 changing the round's PPO config), and a killed benchmark resumes with the next run. About 30 s per run
-of 60 iterations on 2 cores (80 s at 150), 29 runs per seed: about 18 min per seed.
+of 60 iterations on 2 cores (80 s at 150), 29 runs per seed: about 18 min per seed. --config and
+--rounds-dir pick the round (the smoke test: configs/mini.yaml's, shared with the other benchmarks).
 """
 
 from __future__ import annotations
@@ -26,11 +28,15 @@ import argparse
 import json
 import os
 import platform
+import sys
 import time
 from datetime import datetime, timezone
 from pathlib import Path
 
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+sys.path.insert(0, str(Path(__file__).parent))
+
+from reward_modelling import add_round_arguments, round_config, round_workdir  # noqa: E402
 
 LONG = 150  # the longer budget of section 5: does vanilla PPO hack the reward model given time?
 OLD_DEMO = {"kl_coef": 1.0, "policy_lr": 1e-4, "ptx_coef": 1.0, "critic_warmup_steps": 16}  # the demo before 2026-11-23
@@ -74,14 +80,13 @@ SETTINGS = ("policy lr 3e-6", "ppo-max", "vanilla", "policy lr 3e-5", "policy lr
 TAIL = 10  # iterations averaged for the "final" rollout numbers
 
 
-def round_artifacts(seed: int, workdir: Path) -> dict:
-    """The round up to the reward model (from the cache when it ran before), plus a baseline RM."""
+def round_artifacts(cfg) -> dict:
+    """The round `cfg` up to the reward model (from the cache when it ran before), plus a baseline RM."""
     from flows.round import rlhf_round
-    from rlhf_core.config import RoundConfig
     from rlhf_core.reward.train import train_reward_model
     from rlhf_core.schemas import read_table
 
-    cfg = RoundConfig(seed=seed, workdir=str(workdir))
+    seed, workdir = cfg.seed, Path(cfg.workdir)
     art = rlhf_round(config=cfg, stop_after="reward")["artifacts"]
     baseline_dir = workdir / "baseline-reward-model"
     if not (baseline_dir / "config.json").exists():
@@ -94,7 +99,8 @@ def round_artifacts(seed: int, workdir: Path) -> dict:
     return {"sft": art["sft"]["path"], "denoised": art["reward"]["path"], "baseline": str(baseline_dir),
             "prompts": read_table("prompts", world / "prompts.parquet")["prompt"].tolist(),
             "eval_prompts": read_table("prompts", world / "eval_prompts.parquet")["prompt"].tolist(),
-            "demos": str(Path(art["sft"]["path"]) / "demonstrations.parquet"), "max_length": cfg.reward.train.max_length}
+            "demos": str(Path(art["sft"]["path"]) / "demonstrations.parquet"),
+            "max_length": cfg.reward.train.max_length, "ppo": cfg.ppo}
 
 
 def greedy_gold_and_kl(policy, reference, tokenizer, prompts: list[str], seed: int) -> dict:
@@ -115,13 +121,13 @@ def run_one(name: str, art: dict, seed: int) -> dict:
     import pandas as pd
 
     from rlhf_core import models
-    from rlhf_core.config import PPOConfig, RoundConfig, deep_merge
+    from rlhf_core.config import PPOConfig, deep_merge
     from rlhf_core.ppo.trainer import train_ppo
     from tasks.ppo import gold_scores, reward_scorer
 
     overrides, reward = RUNS[name]
     # the round's dump leaves the preset switches null, so a preset given in `overrides` sets them
-    cfg = PPOConfig.model_validate(deep_merge(RoundConfig().ppo.model_dump(), overrides))
+    cfg = PPOConfig.model_validate(deep_merge(art["ppo"].model_dump(), overrides))
     ptx = None
     if cfg.ptx_coef > 0:
         demos = pd.read_parquet(art["demos"])
@@ -171,15 +177,13 @@ def _table(results: dict[str, list[dict]], names) -> list[str]:
     return lines
 
 
-def _settings() -> str:
-    from rlhf_core.config import RoundConfig
-
-    ppo = RoundConfig().ppo
+def _settings(ppo) -> str:
+    """The round's PPO settings the report names (the demo's at default size)."""
     return (f"policy lr {ppo.policy_lr:g}, critic lr {ppo.critic_lr:g}, kl_coef {ppo.kl_coef:g}, "
             f"critic warm-up {ppo.critic_warmup_steps} steps")
 
 
-def write_report(results: dict[str, list[dict]], sft: dict[int, dict], out: Path, figure_dir: Path) -> None:
+def write_report(results: dict[str, list[dict]], sft: dict[int, dict], out: Path, figure_dir: Path, ppo) -> None:
     from tasks.plots import ppo_curves
 
     seeds = sorted(sft)
@@ -191,9 +195,11 @@ def write_report(results: dict[str, list[dict]], sft: dict[int, dict], out: Path
 
     def figure(names, file):
         runs = {n: next(r["history"] for r in results[n] if r["seed"] == first) for n in names if n in results}
+        if not runs:  # none of its runs was asked for (--runs)
+            return "(not run)"
         fig = ppo_curves(runs)
         fig.savefig(figure_dir / file, dpi=90)
-        return f"![{file}](figures/{file})"
+        return f"![{file}](figures/{file}) (seed {first})"
 
     minutes = sum(r["seconds"] for rows in results.values() for r in rows) / 60
     lines = [
@@ -202,7 +208,7 @@ def write_report(results: dict[str, list[dict]], sft: dict[int, dict], out: Path
         f"Measured {datetime.now(timezone.utc):%Y-%m-%d} by `benchmarks/ppo_max.py --seeds {' '.join(map(str, seeds))}`"
         f" on {platform.machine()}, {os.cpu_count()} cores, no GPU; {minutes:.0f} min of PPO in all.",
         "Every run: the round's SFT policy, the round's own PPO config (`ppo-max`: the PPO-max switches, 60 iterations",
-        f"x 32 prompts x 2 responses, {_settings()}) with the run's changes, against the round's",
+        f"x 32 prompts x 2 responses, {_settings(ppo)}) with the run's changes, against the round's",
         "denoised reward model unless the name says baseline.",
         f"Cells: mean over seeds {', '.join(map(str, seeds))} (min..max). Gold greedy is on the held-out prompts "
         f"(SFT: {_cell([sft[s]['gold_greedy'] for s in seeds])}).",
@@ -211,20 +217,20 @@ def write_report(results: dict[str, list[dict]], sft: dict[int, dict], out: Path
         "",
         *_table(results, ("ppo-max", "vanilla", "old demo settings (kl 1.0, lr 1e-4, ptx 1.0)")),
         "",
-        figure(("ppo-max", "vanilla"), "ppo-max-vs-vanilla.png") + f" (seed {first})",
+        figure(("ppo-max", "vanilla"), "ppo-max-vs-vanilla.png"),
         "",
         "## 2. No KL penalty: the denoised against the baseline reward model (Part II Fig. 9)",
         "",
         *_table(results, ("no KL, denoised RM", "no KL, baseline RM", "policy lr 1e-4, no KL",
                           "policy lr 1e-4, no KL, baseline RM")),
         "",
-        figure(("no KL, denoised RM", "no KL, baseline RM"), "ppo-no-kl-denoised-vs-baseline.png") + f" (seed {first})",
+        figure(("no KL, denoised RM", "no KL, baseline RM"), "ppo-no-kl-denoised-vs-baseline.png"),
         "",
         "## 3. Top-p 1.0 against 0.9 (Qwen)",
         "",
         *_table(results, ("ppo-max", "top-p 1.0")),
         "",
-        figure(("ppo-max", "top-p 1.0"), "ppo-top-p.png") + f" (seed {first})",
+        figure(("ppo-max", "top-p 1.0"), "ppo-top-p.png"),
         "",
         "## 4. Ablation: each PPO-max switch off alone",
         "",
@@ -239,14 +245,14 @@ def write_report(results: dict[str, list[dict]], sft: dict[int, dict], out: Path
         *_table(results, SETTINGS),
         "",
         figure(("policy lr 3e-6", "ppo-max", "policy lr 1e-4", "policy lr 3e-4, critic lr 1e-3 (PPOConfig defaults)"),
-               "ppo-policy-lr.png") + f" (seed {first})",
+               "ppo-policy-lr.png"),
         "",
         f"## 6. A longer budget: {LONG} iterations",
         "",
         *_table(results, ("ppo-max, 150 iterations", "vanilla, 150 iterations", "old demo settings, 150 iterations")),
         "",
         figure(("ppo-max, 150 iterations", "vanilla, 150 iterations", "old demo settings, 150 iterations"),
-               "ppo-long-budget.png") + f" (seed {first})",
+               "ppo-long-budget.png"),
         "",
     ]
     out.write_text("\n".join(lines) + "\n")
@@ -254,13 +260,14 @@ def write_report(results: dict[str, list[dict]], sft: dict[int, dict], out: Path
     out.with_suffix(".json").write_text(json.dumps({"sft": sft, "runs": summary}, indent=1) + "\n")
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--runs", nargs="+", default=list(RUNS), choices=list(RUNS), metavar="NAME")
     parser.add_argument("--work-dir", type=Path, default=Path("rlhf-runs/benchmarks/ppo-max"))
     parser.add_argument("--out", type=Path, default=Path("docs/ppo-max-benchmark.md"))
-    args = parser.parse_args()
+    add_round_arguments(parser)
+    args = parser.parse_args(argv)
 
     import torch
 
@@ -271,7 +278,8 @@ def main() -> None:
     results: dict[str, list[dict]] = {}
     sft: dict[int, dict] = {}
     for seed in args.seeds:
-        art = round_artifacts(seed, args.work_dir / f"round-seed{seed}")
+        art = round_artifacts(round_config(args.config, seed,
+                                           round_workdir(args.rounds_dir, seed, args.work_dir / f"round-seed{seed}")))
         sft_file = args.work_dir / f"seed{seed}-sft.json"
         if not sft_file.exists():
             ref = models.load_policy(art["sft"]).eval()
@@ -285,7 +293,7 @@ def main() -> None:
                 print(seed, name, {k: v for k, v in json.loads(path.read_text()).items() if k != "history"},
                       flush=True)
             results.setdefault(name, []).append(json.loads(path.read_text()))
-    write_report(results, sft, args.out, args.out.parent / "figures")
+    write_report(results, sft, args.out, args.out.parent / "figures", art["ppo"])
     print(f"wrote {args.out}")
 
 

@@ -1,6 +1,7 @@
 """Exploration: does a deeper backbone lift the gold-label ceiling, and do the labels then matter?
 
-    .venv/bin/python benchmarks/reward_backbone_depth.py --layers 4 [--seed 0]
+    .venv/bin/python benchmarks/reward_backbone_depth.py --layers 4 [--seed 0] [--config configs/mini.yaml]
+        [--rounds-dir DIR]
 
 Runs the round up to the imported comparisons with `policy_model.num_hidden_layers` set (fresh
 workdir under rlhf-runs/benchmarks/backbone-depth/), then trains the default reward-model recipe on
@@ -21,10 +22,11 @@ from pathlib import Path
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     from flows.round import rlhf_round
-    from reward_modelling import gold_oriented, rm_report, round_pairs
-    from rlhf_core.config import DenoiseConfig, PolicyModelConfig, RoundConfig, VotingConfig
+    from reward_modelling import (add_round_arguments, gold_oriented, rm_report, round_config, round_pairs,
+                                  round_voting, round_workdir)
+    from rlhf_core.config import DenoiseConfig
     from rlhf_core.reward.denoise import denoise
     from rlhf_core.reward.train import train_reward_model
     from rlhf_core.reward.voting import vote
@@ -34,10 +36,11 @@ def main() -> None:
     parser.add_argument("--layers", type=int, required=True)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--work-dir", default="rlhf-runs/benchmarks/backbone-depth")
-    args = parser.parse_args()
-    work = Path(args.work_dir) / f"layers{args.layers}-seed{args.seed}"
-    cfg = RoundConfig(seed=args.seed, workdir=str(work),
-                      policy_model=PolicyModelConfig(num_hidden_layers=args.layers))
+    add_round_arguments(parser)
+    args = parser.parse_args(argv)
+    run_name = f"layers{args.layers}-seed{args.seed}"
+    work = round_workdir(args.rounds_dir, args.seed, Path(args.work_dir) / run_name)
+    cfg = round_config(args.config, args.seed, work, (f"policy_model.num_hidden_layers={args.layers}",))
     policy, pairs, eval_pairs = round_pairs(rlhf_round(config=cfg, stop_after="import_annotations")["artifacts"],
                                             args.seed)
 
@@ -47,14 +50,14 @@ def main() -> None:
         model, tok, _ = train_reward_model(policy, train, cfg.reward.train, seed=args.seed)
         out[name] = rm_report(model, tok, eval_pairs, cfg.reward.train) | {"seconds": time.time() - t0}
         print(name, out[name], flush=True)
-    votes, _ = vote(policy, pairs, VotingConfig(mode="fast"), seed=args.seed)
+    votes, _ = vote(policy, pairs, round_voting(cfg, {"mode": "fast"}), seed=args.seed)
     out["flip report"] = flip_report(pairs, denoise(pairs, votes, DenoiseConfig(method="flip"))[0])
     for method in ("flip_margin", "margin"):
         denoised, _ = denoise(pairs, votes, DenoiseConfig(method=method))
         model, tok, _ = train_reward_model(policy, denoised, cfg.reward.train, seed=args.seed)
         out[method] = rm_report(model, tok, eval_pairs, cfg.reward.train)
         print(method, out[method], flush=True)
-    (work.parent / f"layers{args.layers}-seed{args.seed}.json").write_text(json.dumps(out, indent=1))
+    (Path(args.work_dir) / f"{run_name}.json").write_text(json.dumps(out, indent=1))
 
 
 if __name__ == "__main__":

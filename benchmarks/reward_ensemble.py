@@ -1,6 +1,7 @@
 """Does an ensemble of final reward models reach what one cannot? Held-out gold accuracy of the mean reward.
 
     .venv/bin/python benchmarks/reward_ensemble.py [--seeds 0 1 2] [--members 5] [--gold-members 3]
+        [--config configs/mini.yaml] [--rounds-dir DIR]
 
 Per seed, the round runs up to the imported comparisons in a fresh workdir; then `--members` reward models of
 the round's own recipe (`reward.train`, 2 epochs, the default read) are trained on the raw annotator labels,
@@ -29,18 +30,18 @@ import numpy as np
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 sys.path.insert(0, str(Path(__file__).parent))
 
-from reward_modelling import TYPES, _cell, gold_oriented, round_pairs, seed_results  # noqa: E402
+from reward_modelling import (TYPES, _cell, add_round_arguments, gold_oriented, round_config,  # noqa: E402
+                              round_pairs, round_workdir, seed_results)
 
 LABELS = ("raw", "gold")
 
 
-def run_seed(seed: int, workdir: Path, members: int, gold_members: int) -> dict:
+def run_seed(cfg, members: int, gold_members: int) -> dict:
     from flows.round import rlhf_round
-    from rlhf_core.config import RoundConfig
     from rlhf_core.reward.train import pair_reward_diffs, train_reward_model
     from rlhf_core.sim.metrics import accuracy_by_pair_type
 
-    cfg = RoundConfig(seed=seed, workdir=str(workdir))
+    seed = cfg.seed
     policy, pairs, eval_pairs = round_pairs(rlhf_round(config=cfg, stop_after="import_annotations")["artifacts"], seed)
     train_cfg = cfg.reward.train
     result: dict = {"seed": seed, "n_pairs": len(pairs), "n_eval_pairs": len(eval_pairs),
@@ -57,7 +58,8 @@ def run_seed(seed: int, workdir: Path, members: int, gold_members: int) -> dict:
             print(seed, labels, "member", k, accuracy_by_pair_type(d, eval_pairs)["all"], flush=True)
         singles = [accuracy_by_pair_type(d, eval_pairs) for d in diffs]
         result[labels] = {
-            "single": {key: float(np.mean([s[key] for s in singles])) for key in ("all", *TYPES)},
+            # a pair type the held-out pairs lack (a miniature world) is NaN
+            "single": {key: float(np.mean([s.get(key, np.nan) for s in singles])) for key in ("all", *TYPES)},
             "single_all": [s["all"] for s in singles],
             "ensembles": {str(k): accuracy_by_pair_type(np.mean(diffs[:k], axis=0), eval_pairs)
                           for k in range(2, len(diffs) + 1)},
@@ -88,7 +90,8 @@ def write_report(results: list[dict], out: Path, seconds: float) -> None:
         cells = [_cell([r[labels]["single"][key] for r in results]) for key in ("all", *TYPES)]
         lines.append(f"| {labels}, one member (mean over members) | " + " | ".join(cells) + " |")
         for k in range(2, members[labels] + 1):
-            cells = [_cell([r[labels]["ensembles"][str(k)][key] for r in results]) for key in ("all", *TYPES)]
+            cells = [_cell([r[labels]["ensembles"][str(k)].get(key, np.nan) for r in results])
+                     for key in ("all", *TYPES)]
             lines.append(f"| {labels}, mean of {k} members | " + " | ".join(cells) + " |")
     lines += ["", "Each member's overall accuracy, raw labels, per seed: "
               + "; ".join(f"seed {r['seed']}: " + ", ".join(f"{a:.3f}" for a in r["raw"]["single_all"])
@@ -99,17 +102,18 @@ def write_report(results: list[dict], out: Path, seconds: float) -> None:
     out.with_suffix(".json").write_text(json.dumps(results, indent=1))
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--members", type=int, default=5, help="reward models on the raw labels")
     parser.add_argument("--gold-members", type=int, default=3, help="reward models on gold-oriented labels")
     parser.add_argument("--out", type=Path, default=Path("docs/reward-ensemble.md"))
     parser.add_argument("--work-dir", type=Path, default=Path("rlhf-runs/benchmarks/reward-ensemble"))
-    args = parser.parse_args()
+    add_round_arguments(parser)
+    args = parser.parse_args(argv)
     start = time.time()
-    results = seed_results(args.seeds, args.work_dir,
-                           lambda seed, tmp: run_seed(seed, tmp, args.members, args.gold_members))
+    results = seed_results(args.seeds, args.work_dir, lambda seed, tmp: run_seed(
+        round_config(args.config, seed, round_workdir(args.rounds_dir, seed, tmp)), args.members, args.gold_members))
     write_report(results, args.out, time.time() - start)
     print(f"wrote {args.out}")
 

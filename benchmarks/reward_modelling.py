@@ -1,6 +1,7 @@
 """Secrets of RLHF Part II on the simulated world, where gold is known: writes docs/reward-modelling.md.
 
     .venv/bin/python benchmarks/reward_modelling.py [--seeds 0 1 2] [--out docs/reward-modelling.md]
+        [--config configs/mini.yaml] [--rounds-dir DIR]
 
 Per seed, the round runs up to the imported comparisons (world, SFT, sampling, generation, simulated
 annotators) in a fresh workdir, then, on those same pairs:
@@ -100,6 +101,40 @@ def round_pairs(art: dict, seed: int):
     return policy, pairs, gold_eval_pairs(policy, eval_prompts, seed=seed, samples_per_prompt=8)
 
 
+def add_round_arguments(parser: argparse.ArgumentParser) -> None:
+    """--config and --rounds-dir: the round a seed runs (its size: the smoke test passes configs/mini.yaml)."""
+    parser.add_argument("--config", default=None, help="the round's YAML config (default: the embedded demo's)")
+    parser.add_argument("--rounds-dir", type=Path, default=None,
+                        help="run seed N's round in DIR/round-seedN and keep it there, so its stages come from the "
+                        "cache on a re-run and in any benchmark given the same DIR and config")
+
+
+def round_config(config: str | None, seed: int, workdir: Path, overrides: tuple[str, ...] = ()):
+    """The RoundConfig of a benchmark's round: `config`'s YAML (None: the embedded demo's defaults) at `seed`, in
+    `workdir`, with `dotted.key=value` overrides."""
+    from rlhf_core.config import apply_override, load_config, parse_config
+
+    overrides = [f"seed={seed}", f"workdir={workdir}", *overrides]
+    if config:
+        return load_config(config, overrides=overrides)
+    data: dict = {}
+    for item in overrides:
+        apply_override(data, item)
+    return parse_config(data, source="the embedded demo config")
+
+
+def round_workdir(rounds_dir: Path | None, seed: int, default: Path) -> Path:
+    """Where seed's round runs: DIR/round-seedN under --rounds-dir, else the benchmark's own `default`."""
+    return default if rounds_dir is None else rounds_dir / f"round-seed{seed}"
+
+
+def round_voting(cfg, overrides: dict):
+    """The round's voting config with `overrides` (the embedded demo's is VotingConfig()'s defaults)."""
+    from rlhf_core.config import VotingConfig
+
+    return VotingConfig.model_validate(cfg.voting.model_dump() | overrides)
+
+
 def seed_results(seeds: list[int], work_dir: Path, run_seed) -> list[dict]:
     """run_seed(seed, workdir) for each seed, in a temporary workdir under `work_dir`; each result is kept as
     work_dir/seed<N>.json (written atomically), so a killed benchmark resumes with the next seed."""
@@ -126,17 +161,18 @@ def rm_report(model, tokenizer, eval_pairs, cfg) -> dict:
     return out
 
 
-def run_seed(seed: int, tmp: Path) -> dict:
+def run_seed(cfg) -> dict:
+    """Sections 1-4 on the pairs of the round `cfg` (run to the end)."""
     from scipy.stats import spearmanr
 
     from flows.round import rlhf_round
-    from rlhf_core.config import DenoiseConfig, RoundConfig, VotingConfig
+    from rlhf_core.config import DenoiseConfig
     from rlhf_core.reward.denoise import denoise
     from rlhf_core.reward.train import train_reward_model
     from rlhf_core.reward.voting import vote
     from rlhf_core.sim.metrics import agreement_by_strength_decile, flip_report
 
-    cfg = RoundConfig(seed=seed, workdir=str(tmp / f"seed{seed}"))
+    seed = cfg.seed
     summary = rlhf_round(config=cfg)
     art = summary["artifacts"]
     policy, pairs, eval_pairs = round_pairs(art, seed)
@@ -154,7 +190,7 @@ def run_seed(seed: int, tmp: Path) -> dict:
 
     votes_by_scheme = {}
     for name, overrides in SCHEMES.items():
-        vcfg = VotingConfig(**overrides)
+        vcfg = round_voting(cfg, overrides)
         t0 = time.time()
         votes, report = vote(policy, pairs, vcfg, seed=seed)  # the paper's scheme again too: its time is the unit
         seconds = time.time() - t0
@@ -233,12 +269,11 @@ def meta_section(art: dict, pairs, eval_pairs, cfg, seed: int) -> dict:
 SHIFT_PPO = {"kl_coef": 0.05, "ptx_coef": 0.0}  # a PPO that drifts: the distribution MetaRM is for
 
 
-def run_meta_shift(seed: int, workdir: Path) -> dict:
-    """Section 4b: section 4 against a policy shifted further, PPO with SHIFT_PPO (the round in `workdir`)."""
+def run_meta_shift(cfg) -> dict:
+    """Section 4b: section 4 against a policy shifted further, the round `cfg` with PPO SHIFT_PPO."""
     from flows.round import rlhf_round
-    from rlhf_core.config import RoundConfig
 
-    cfg = RoundConfig(seed=seed, workdir=str(workdir))
+    seed = cfg.seed
     cfg = cfg.model_copy(update={"ppo": cfg.ppo.model_copy(update=SHIFT_PPO)})
     summary = rlhf_round(config=cfg, stop_after="evaluate")
     art = summary["artifacts"]
@@ -249,30 +284,30 @@ def run_meta_shift(seed: int, workdir: Path) -> dict:
         "gold_ppo": headline.get("gold score, new policy")}
 
 
-def run_scarce(seed: int, workdir: Path) -> dict:
+def run_scarce(cfg) -> dict:
     """Section 5: does denoising pay when pairs are few? The methods on a random share of the pairs.
 
-    The round runs up to the imported comparisons (in `workdir`, so a re-run takes it from the cache);
+    The round `cfg` runs up to the imported comparisons (a re-run in its workdir takes it from the cache);
     for each fraction the pairs are subsampled, voted on (faithful, in-sample) and denoised, and a
     reward model is trained per method and on the gold labels of the same pairs.
     """
     import numpy as np
 
     from flows.round import rlhf_round
-    from rlhf_core.config import DenoiseConfig, RoundConfig, VotingConfig
+    from rlhf_core.config import DenoiseConfig
     from rlhf_core.reward.denoise import denoise
     from rlhf_core.reward.train import pair_reward_diffs, train_reward_model
     from rlhf_core.reward.voting import vote
     from rlhf_core.sim.metrics import accuracy_by_pair_type, flip_report
 
-    cfg = RoundConfig(seed=seed, workdir=str(workdir))
+    seed = cfg.seed
     art = rlhf_round(config=cfg, stop_after="import_annotations")["artifacts"]
     policy, pairs, eval_pairs = round_pairs(art, seed)
     out = {}
     for fraction in SCARCE_FRACTIONS:
         rng = np.random.default_rng([seed, int(fraction * 1000)])
         subset = pairs.iloc[np.sort(rng.choice(len(pairs), size=int(len(pairs) * fraction), replace=False))]
-        votes, _ = vote(policy, subset, VotingConfig(**PAPER_BAND), seed=seed)
+        votes, _ = vote(policy, subset, round_voting(cfg, PAPER_BAND), seed=seed)
         row = {"n_pairs": len(subset), **flip_report(subset, denoise(subset, votes, DenoiseConfig(method="flip"))[0])}
         for method in (*SCARCE_METHODS, "gold labels (ceiling)"):
             train_pairs = (gold_oriented(subset) if method.startswith("gold")
@@ -409,13 +444,14 @@ def write_report(results: list[dict], out: Path, figure_dir: Path, seconds: floa
     print("\n".join(lines))
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--out", default="docs/reward-modelling-benchmark.md")
     parser.add_argument("--work-dir", default="rlhf-runs/benchmarks/reward-modelling",
                         help="each finished seed's results (seedN.json): a re-run reuses them")
-    args = parser.parse_args()
+    add_round_arguments(parser)
+    args = parser.parse_args(argv)
     from rlhf_core.artifacts import atomic_write_text
 
     start = time.time()
@@ -426,14 +462,16 @@ def main() -> None:
         done = work / f"seed{seed}.json"
         if not done.exists():
             with tempfile.TemporaryDirectory() as tmp:
-                atomic_write_text(done, json.dumps(run_seed(seed, Path(tmp)), indent=1))
+                workdir = round_workdir(args.rounds_dir, seed, Path(tmp) / f"seed{seed}")
+                atomic_write_text(done, json.dumps(run_seed(round_config(args.config, seed, workdir)), indent=1))
         result = json.loads(done.read_text())
+        kept_round = round_config(args.config, seed, round_workdir(args.rounds_dir, seed, work / f"round-seed{seed}"))
         scarce = work / f"seed{seed}-scarce.json"
         if not scarce.exists():
-            atomic_write_text(scarce, json.dumps(run_scarce(seed, work / f"round-seed{seed}"), indent=1))
+            atomic_write_text(scarce, json.dumps(run_scarce(kept_round), indent=1))
         shift = work / f"seed{seed}-meta-shift.json"
         if not shift.exists():
-            atomic_write_text(shift, json.dumps(run_meta_shift(seed, work / f"round-seed{seed}"), indent=1))
+            atomic_write_text(shift, json.dumps(run_meta_shift(kept_round), indent=1))
         results.append(result | {"scarce": json.loads(scarce.read_text()), "meta_shift": json.loads(shift.read_text())})
     out = Path(args.out)
     write_report(results, out, out.parent / "figures", time.time() - start)

@@ -1,6 +1,7 @@
 """Where the reward is read, and whether denoising then pays: the plain vs the weighted log-likelihood read.
 
     .venv/bin/python benchmarks/reward_read.py [--seeds 0 1 2] [--out docs/reward-read-benchmark.md]
+        [--config configs/mini.yaml] [--rounds-dir DIR]
 
 `end_token+logprob` (the default) scores r = w . h_eos + a * sum_t log p(y_t); `end_token+weighted_logprob`
 lets each token's log-likelihood carry its own weight a + u . h_{t-1} + b (u, b learned from 0). Per seed, the
@@ -29,7 +30,8 @@ from pathlib import Path
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 sys.path.insert(0, str(Path(__file__).parent))
 
-from reward_modelling import TYPES, _cell, gold_oriented, rm_report, round_pairs, seed_results  # noqa: E402
+from reward_modelling import (TYPES, _cell, add_round_arguments, gold_oriented, rm_report,  # noqa: E402
+                              round_config, round_pairs, round_workdir, seed_results)
 
 READS = {"plain": "end_token+logprob", "weighted": "end_token+weighted_logprob"}
 # final reward model (read, labels): labels are raw, gold, or "denoised by <voter read>"
@@ -38,15 +40,14 @@ RUNS = [("plain", "raw"), ("plain", "gold"), ("plain", "denoised by plain"),
         ("weighted", "denoised by weighted")]
 
 
-def run_seed(seed: int, workdir: Path) -> dict:
+def run_seed(cfg) -> dict:
     from flows.round import rlhf_round
-    from rlhf_core.config import RoundConfig
     from rlhf_core.reward.denoise import denoise
     from rlhf_core.reward.train import train_reward_model
     from rlhf_core.reward.voting import vote
     from rlhf_core.sim.metrics import flip_report
 
-    cfg = RoundConfig(seed=seed, workdir=str(workdir))
+    seed = cfg.seed
     policy, pairs, eval_pairs = round_pairs(rlhf_round(config=cfg, stop_after="import_annotations")["artifacts"], seed)
     result: dict = {"seed": seed, "n_pairs": len(pairs), "n_eval_pairs": len(eval_pairs), "voters": {}, "rms": {}}
 
@@ -101,7 +102,7 @@ def write_report(results: list[dict], out: Path, seconds: float) -> None:
               "|---|---|" + "---|" * len(TYPES) + "---|"]
     for read, labels in RUNS:
         key = f"{read} read, {labels}"
-        cells = [_cell([r["rms"][key][k] for r in results]) for k in ("all", *TYPES, "seconds")]
+        cells = [_cell([r["rms"][key].get(k, float("nan")) for r in results]) for k in ("all", *TYPES, "seconds")]
         lines.append(f"| {key} | " + " | ".join(cells) + " |")
     lines += ["", "Gain of the denoised labels over the raw ones, same read, per seed (points of overall accuracy):",
               ""]
@@ -114,14 +115,16 @@ def write_report(results: list[dict], out: Path, seconds: float) -> None:
     out.with_suffix(".json").write_text(json.dumps(results, indent=1))
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--out", type=Path, default=Path("docs/reward-read-benchmark.md"))
     parser.add_argument("--work-dir", type=Path, default=Path("rlhf-runs/benchmarks/reward-read"))
-    args = parser.parse_args()
+    add_round_arguments(parser)
+    args = parser.parse_args(argv)
     start = time.time()
-    results = seed_results(args.seeds, args.work_dir, run_seed)
+    results = seed_results(args.seeds, args.work_dir, lambda seed, tmp: run_seed(
+        round_config(args.config, seed, round_workdir(args.rounds_dir, seed, tmp))))
     write_report(results, args.out, time.time() - start)
     print(f"wrote {args.out}")
 

@@ -199,3 +199,111 @@ def test_scale_out_writes_its_model_section_once(out):
     text = (folder / "scale-out.md").read_text()
     assert text.count(scale_out.SECTION_START) == 1 == text.count(scale_out.SECTION_END)
     assert (folder / "figures" / "scale-out-ppo.png").is_file()
+
+
+# ---------------------------------------------------------------- the round benchmarks (one shared miniature round)
+
+ROUND_STAGES = {"world", "sft", "sample", "generate", "annotators", "import_annotations", "vote", "denoise", "reward",
+                "ppo", "evaluate"}
+
+
+def assert_accuracies(by_type: dict) -> None:
+    """Held-out gold accuracy overall and per pair type in [0, 1] (a type the few held-out pairs lack: absent or
+    NaN)."""
+    import reward_modelling
+
+    assert 0.0 <= by_type["all"] <= 1.0
+    per_type = [by_type[t] for t in reward_modelling.TYPES if t in by_type]
+    assert all(v != v or 0.0 <= v <= 1.0 for v in per_type), per_type
+
+
+def kept_and_read_back(name: str, out: Path, kept: list[Path]) -> None:
+    """A second run reads the kept results back: it measures nothing again."""
+    stamps = [p.stat().st_mtime_ns for p in kept]
+    run(name, out)
+    assert [p.stat().st_mtime_ns for p in kept] == stamps
+
+
+@pytest.mark.slow  # the miniature round, once for the module (about a minute on 2 cores)
+def test_demo_round_times_every_stage(shared_round):
+    text = (run("demo_round", shared_round) / "demo-timing.md").read_text()
+    stages = table(text, "| stage | seconds |")
+    assert {r[0] for r in stages} == ROUND_STAGES and all(float(r[1]) >= 0 for r in stages)
+    assert "(stages it held before come from its cache)" in text
+    assert table(text, "| | |")  # the round's headline numbers
+
+
+@pytest.mark.slow
+def test_reward_backbone_depth_on_the_shared_round(shared_round):
+    result = json.loads((run("reward_backbone_depth", shared_round) / "layers1-seed0.json").read_text())
+    assert (result["layers"], result["seed"]) == (1, 0)
+    for name in ("raw labels", "gold labels", "flip_margin", "margin"):
+        assert_accuracies(result[name])
+    assert 0.0 <= result["flip report"]["gold_agreement_before_excl_gold_ties"] <= 1.0
+
+
+@pytest.mark.slow
+def test_reward_ensemble_members_and_their_means(shared_round):
+    folder = run("reward_ensemble", shared_round)
+    (result,) = json.loads((folder / "reward-ensemble.json").read_text())
+    assert result["members"] == {"raw": 2, "gold": 2}
+    for labels in ("raw", "gold"):
+        assert set(result[labels]["ensembles"]) == {"2"} and len(result[labels]["single_all"]) == 2
+        assert result[labels]["single"]["all"] == pytest.approx(sum(result[labels]["single_all"]) / 2)
+        assert_accuracies(result[labels]["ensembles"]["2"])
+    rows = table((folder / "reward-ensemble.md").read_text(), "| labels, reward |")
+    assert [r[0] for r in rows] == ["raw, one member (mean over members)", "raw, mean of 2 members",
+                                    "gold, one member (mean over members)", "gold, mean of 2 members"]
+    kept_and_read_back("reward_ensemble", shared_round, [folder / "seed0.json"])
+
+
+@pytest.mark.slow
+def test_reward_read_voters_and_final_models(shared_round):
+    import reward_read
+
+    folder = run("reward_read", shared_round)
+    (result,) = json.loads((folder / "reward-read-benchmark.json").read_text())
+    assert set(result["voters"]) == set(reward_read.READS)
+    assert set(result["rms"]) == {f"{read} read, {labels}" for read, labels in reward_read.RUNS}
+    for rm in result["rms"].values():
+        assert_accuracies(rm)
+    text = (folder / "reward-read-benchmark.md").read_text()
+    assert len(table(text, "| read, labels |")) == len(reward_read.RUNS)
+    kept_and_read_back("reward_read", shared_round, [folder / "seed0.json"])
+    assert (folder / "reward-read-benchmark.md").read_text().count("## Voters") == 1  # replaced, not appended
+
+
+@pytest.mark.slow
+def test_ppo_max_runs_against_both_reward_models(shared_round):
+    folder = run("ppo_max", shared_round)
+    result = json.loads((folder / "ppo-max-benchmark.json").read_text())
+    assert set(result["runs"]) == set(run_all.SMOKE_PPO_RUNS)
+    sft_gold = result["sft"]["0"]["gold_greedy"]
+    for name, (row,) in result["runs"].items():
+        assert row["gold_gain"] == pytest.approx(row["gold_greedy"] - sft_gold)
+        kept = json.loads((folder / f"seed0-{name.replace(' ', '_')}.json").read_text())
+        assert len(kept["history"]) == MINI_PPO_ITERATIONS  # the round's own PPO config, not the demo's
+    text = (folder / "ppo-max-benchmark.md").read_text()
+    assert [r[0] for r in table(text, "| run |")] == ["ppo-max", "vanilla"]  # section 1: the runs that ran
+    assert text.count("(not run)") == 1  # section 6's 150-iteration runs were not asked for
+    assert (folder / "figures" / "ppo-max-vs-vanilla.png").is_file()
+    kept_and_read_back("ppo_max", shared_round, sorted(folder.glob("seed0-*.json")))
+
+
+@pytest.mark.slow
+def test_reward_modelling_every_section(shared_round):
+    import reward_modelling as rm
+
+    folder = run("reward_modelling", shared_round)
+    (result,) = json.loads((folder / "reward-modelling-benchmark.json").read_text())
+    assert set(result["recipes"]) == set(rm.RECIPES) and set(result["methods"]) == {*rm.METHODS, rm.SYMMETRIC_METHOD}
+    for recipe in result["recipes"].values():
+        assert_accuracies(recipe)
+    assert set(result["schemes"]) == {*rm.SCHEMES, rm.SYMMETRIC}
+    assert result["schemes"]["faithful, in-sample (paper)"]["spearman_vs_faithful"] == pytest.approx(1.0)  # itself
+    assert set(result["meta"]) == set(rm.META_RUNS) and set(result["scarce"]) == {str(f) for f in rm.SCARCE_FRACTIONS}
+    assert set(result["meta_shift"]["meta"]) == set(rm.META_RUNS)
+    text = (folder / "reward-modelling-benchmark.md").read_text()
+    for section in ("## 1.", "## 2.", "## 3.", "## 4.", "### 4b.", "## 5."):
+        assert text.count(section) == 1, section
+    kept_and_read_back("reward_modelling", shared_round, sorted(folder.glob("seed0*.json")))
