@@ -207,8 +207,10 @@ def write_report(results: dict[str, list[dict]], sft: dict[int, dict], out: Path
         "",
         f"Measured {datetime.now(timezone.utc):%Y-%m-%d} by `benchmarks/ppo_max.py --seeds {' '.join(map(str, seeds))}`"
         f" on {platform.machine()}, {os.cpu_count()} cores, no GPU; {minutes:.0f} min of PPO in all.",
-        "Every run: the round's SFT policy, the round's own PPO config (`ppo-max`: the PPO-max switches, 60 iterations",
-        f"x 32 prompts x 2 responses, {_settings(ppo)}) with the run's changes, against the round's",
+        "Every run: the round's SFT policy, the round's own PPO config (`ppo-max`: the PPO-max switches, "
+        f"{ppo.iterations} iterations",
+        f"x {ppo.rollout_prompts} prompts x {ppo.responses_per_prompt} responses, {_settings(ppo)}) with the run's "
+        "changes, against the round's",
         "denoised reward model unless the name says baseline.",
         f"Cells: mean over seeds {', '.join(map(str, seeds))} (min..max). Gold greedy is on the held-out prompts "
         f"(SFT: {_cell([sft[s]['gold_greedy'] for s in seeds])}).",

@@ -286,6 +286,7 @@ def test_ppo_max_runs_against_both_reward_models(shared_round):
         kept = json.loads((folder / f"seed0-{name.replace(' ', '_')}.json").read_text())
         assert len(kept["history"]) == MINI_PPO_ITERATIONS  # the round's own PPO config, not the demo's
     text = (folder / "ppo-max-benchmark.md").read_text()
+    assert f"{MINI_PPO_ITERATIONS} iterations\nx 4 prompts x 2 responses" in text  # the config it ran, named
     assert [r[0] for r in table(text, "| run |")] == ["ppo-max", "vanilla"]  # section 1: the runs that ran
     assert text.count("(not run)") == 1  # section 6's 150-iteration runs were not asked for
     assert (folder / "figures" / "ppo-max-vs-vanilla.png").is_file()
