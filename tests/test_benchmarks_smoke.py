@@ -141,8 +141,13 @@ def test_hh_rlhf_trained_trunk_keeps_its_seed_and_reads_it_back(out):
     assert text.count("# Preference-strength voting") == 1 and "| held-out accuracy, baseline |" in text
 
 
-def test_trl_reward_project_contenders_run_without_trl(out):
-    folder = run("trl_reward", out, "--contenders", "project", "project_grouped")
+def test_trl_reward_project_contenders_run_without_trl(out, monkeypatch):
+    import trl_reward
+
+    argv = run_all.smoke_argv("trl_reward", out) + ["--contenders", "project", "project_grouped"]
+    monkeypatch.setitem(sys.modules, "trl", None)  # `import trl` now fails, as where the bench extra is not installed
+    trl_reward.main(argv)
+    folder = out / "trl_reward"
     result = json.loads((folder / "benchmarks-trl-reward.json").read_text())
     assert set(result["runs"]) == {"project", "project_grouped"}
     assert result["trl_best"] is None and result["ratio_vs_trl"] == {} and result["setup"]["same_token_ids"] is None
