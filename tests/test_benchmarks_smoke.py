@@ -44,9 +44,9 @@ def shared_round(prefect_api, out) -> Path:
     return out
 
 
-def run(name: str, out: Path, *extra: str) -> Path:
-    """Run benchmark `name` at its smoke size (plus `extra` arguments); its folder."""
-    importlib.import_module(name).main(run_all.smoke_argv(name, out) + list(extra))
+def run(name: str, out: Path) -> Path:
+    """Run benchmark `name` at its smoke size (`run_all.smoke_argv`); its folder."""
+    importlib.import_module(name).main(run_all.smoke_argv(name, out))
     return out / name
 
 
@@ -60,11 +60,6 @@ def table(text: str, header: str) -> list[list[str]]:
             break
         rows.append([cell.strip() for cell in line.strip("|").split("|")])
     return rows
-
-
-def mean_of(cell: str) -> float:
-    """The mean of a benchmark's cell, "0.812" or "0.812 (0.790..0.833)"."""
-    return float(cell.split()[0])
 
 
 def assert_fractions(values) -> None:
