@@ -40,6 +40,7 @@ DEFAULTS = {
     "reward_read": [],
     "reward_ensemble": [],
     "reward_backbone_depth": ["--layers", "4"],  # the run docs/reward-modelling.md quotes
+    "reward_data_budget": [],
     "ppo_max": [],
     "hh_rlhf_voting": ["--pairs", str(HH_PAIRS)],
     "hh_rlhf_trained_trunk": ["--pairs", str(HH_PAIRS)],
@@ -77,6 +78,8 @@ def smoke_argv(name: str, out: Path) -> list[str]:
                             "--out", str(own / "reward-ensemble.md")],
         "reward_backbone_depth": ["--layers", "1", "--seed", "0", "--config", str(MINI), "--rounds-dir", str(rounds),
                                   "--work-dir", str(own)],  # 1 layer: configs/mini.yaml's own, so the shared round
+        "reward_data_budget": [*seed0_round, "--variants", "demo", "flip-type noise",
+                               "--out", str(own / "reward-data-budget.md")],
         "ppo_max": [*seed0_round, "--runs", *SMOKE_PPO_RUNS, "--out", str(own / "ppo-max-benchmark.md")],
         "hh_rlhf_voting": ["--pairs", hh, "--seeds", "0", "--steps", "20", "--out", str(own / "hh-rlhf-voting.md")],
         "hh_rlhf_trained_trunk": ["--pairs", hh, "--seeds", "0", "--work-dir", str(own),

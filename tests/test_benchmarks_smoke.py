@@ -310,3 +310,54 @@ def test_reward_modelling_every_section(shared_round):
     for section in ("## 1.", "## 2.", "## 3.", "## 4.", "### 4b.", "## 5."):
         assert text.count(section) == 1, section
     kept_and_read_back("reward_modelling", shared_round, sorted(folder.glob("seed0*.json")))
+
+
+def test_reward_data_budget_relabels_like_the_worlds_annotators():
+    """Relabelling with sharp, error-free annotators orients every gold-decided pair by gold; with annotators who
+    always err (error rate 0.5 is the cap, so: sharp and flipping half the time) about half stay."""
+    import pandas as pd
+    from reward_data_budget import relabel
+
+    from rlhf_core.sim.metrics import gold_difference
+    from rlhf_core.sim.world import make_prompt_pool, parse_prompt, render_response
+
+    prompts = make_prompt_pool(400, seed=3)["prompt"].tolist()
+    rows = []
+    for i, prompt in enumerate(prompts):  # half the pairs labelled against gold: the wrong answer "chosen"
+        problem = parse_prompt(prompt)
+        right, wrong = render_response(problem, problem.truth, []), render_response(problem, problem.truth + 1, [])
+        rows.append({"prompt": prompt, "chosen": wrong if i % 2 else right, "rejected": right if i % 2 else wrong})
+    pairs = pd.DataFrame(rows)
+    assert (gold_difference(pairs["prompt"], pairs["chosen"], pairs["rejected"]) > 0).mean() == 0.5
+
+    sharp = relabel(pairs, {"annotator_temperature": 1e-3, "annotator_error_max": 0.0}, seed=0)
+    assert (gold_difference(sharp["prompt"], sharp["chosen"], sharp["rejected"]) > 0).all()
+    assert sorted(zip(sharp["chosen"], sharp["rejected"])) != sorted(zip(pairs["chosen"], pairs["rejected"]))
+    assert set(map(frozenset, zip(sharp["chosen"], sharp["rejected"]))) == set(
+        map(frozenset, zip(pairs["chosen"], pairs["rejected"])))  # the same pairs, only reoriented
+    careless = relabel(pairs, {"annotator_temperature": 1e-3, "annotator_error_max": 0.5}, seed=0)
+    agreement = (gold_difference(careless["prompt"], careless["chosen"], careless["rejected"]) > 0).mean()
+    assert 0.6 < agreement < 0.95  # error rates U[0, 0.5] per annotator: about 0.75 agree
+
+
+@pytest.mark.slow
+def test_reward_data_budget_variants_on_the_shared_round(shared_round):
+    import reward_data_budget as rdb
+
+    folder = run("reward_data_budget", shared_round)
+    demo = json.loads((folder / "seed0-demo.json").read_text())
+    noise = json.loads((folder / "seed0-flip-type_noise.json").read_text())
+    assert set(demo["reward_models"]) == {"raw labels", "gold labels", *rdb.DENOISING} - {"baseline"}
+    assert set(noise["reward_models"]) == {"raw labels", "gold labels", *rdb.NOISE_DENOISING} - {"baseline"}
+    for result in (demo, noise):
+        assert result["n_pairs"] > 0 and 0.0 <= result["raw_agreement_excl_gold_ties"] <= 1.0
+        for rm in result["reward_models"].values():
+            assert_accuracies(rm)
+    assert demo["n_pairs"] == noise["n_pairs"]  # the same pairs, relabelled
+    text = (folder / "reward-data-budget.md").read_text()
+    rows = table(text, "| variant |")
+    assert len(rows) == len(demo["reward_models"]) + len(noise["reward_models"])
+    assert {r[0] for r in rows} == {"demo", "flip-type noise"}
+    assert [r[0] for r in table(text, "| variant | seeds | flip precision")] == ["demo", "flip-type noise"]
+    kept_and_read_back("reward_data_budget", shared_round, [folder / "seed0-demo.json",
+                                                            folder / "seed0-flip-type_noise.json"])
