@@ -138,16 +138,9 @@ def run_variant(seed: int, name: str, workdir: Path, config: str | None) -> dict
     return result
 
 
-def _cell(values, fmt: str = ".3f") -> str:
-    values = [v for v in values if v == v]
-    if not values:
-        return "n/a"
-    mean = sum(values) / len(values)
-    return f"{mean:{fmt}}" if len(values) == 1 else f"{mean:{fmt}} ({min(values):{fmt}}..{max(values):{fmt}})"
-
-
 def write_report(results: list[dict], out: Path, seconds: float) -> None:
     """docs page: per variant the reward models' held-out accuracy, mean over the seeds measured (min..max)."""
+    from reward_modelling import _cell
     from rlhf_core.artifacts import atomic_write_text
 
     by_variant: dict[str, list[dict]] = {}

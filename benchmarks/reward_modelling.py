@@ -320,13 +320,14 @@ def run_scarce(cfg) -> dict:
     return out
 
 
-def _cell(values) -> str:
+def _cell(values, fmt: str = ".3f") -> str:
+    """Mean (min..max) of the values that are not NaN, each in `fmt`; "n/a" when none is."""
     import numpy as np
 
     v = np.array([x for x in values if x == x], dtype=float)
     if not len(v):
         return "n/a"
-    return f"{v.mean():.3f}" if len(v) == 1 else f"{v.mean():.3f} ({v.min():.3f}..{v.max():.3f})"
+    return f"{v.mean():{fmt}}" if len(v) == 1 else f"{v.mean():{fmt}} ({v.min():{fmt}}..{v.max():{fmt}})"
 
 
 def _meta_table(per_seed: list[dict]) -> list[str]:
