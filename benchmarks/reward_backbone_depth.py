@@ -1,14 +1,20 @@
-"""Exploration: does a deeper backbone lift the gold-label ceiling, and do the labels then matter?
+"""Exploration: does another backbone or SFT budget lift the gold-label ceiling, and do the labels then matter?
 
-    .venv/bin/python benchmarks/reward_backbone_depth.py --layers 4 [--seed 0] [--config configs/mini.yaml]
-        [--rounds-dir DIR]
+    .venv/bin/python benchmarks/reward_backbone_depth.py [--layers 4] [--set KEY=VALUE ...] [--seed 0]
+        [--config configs/mini.yaml] [--rounds-dir DIR]
 
-Runs the round up to the imported comparisons with `policy_model.num_hidden_layers` set (fresh
-workdir under rlhf-runs/benchmarks/backbone-depth/), then trains the default reward-model recipe on
-the raw labels, on the gold labels, and on the pairs denoised (flip_margin, margin) by fast-mode
-votes; prints held-out gold accuracy per pair type and the answer probe, and writes them as JSON
-beside the workdir. Seed 0 with 4 layers is quoted in docs/reward-modelling.md section 6 (about
-6 minutes on 2 cores).
+    e.g. --set policy_model.hidden_size=128 --set policy_model.intermediate_size=384
+         --set policy_model.num_attention_heads=8 --set policy_model.num_key_value_heads=4   (a wider backbone)
+         --set sft.steps=2400                                                                 (twice the SFT)
+
+Runs the round up to the imported comparisons with the round-config overrides (`--layers N` is
+`--set policy_model.num_hidden_layers=N`; every key is validated by the round's pydantic config, so a
+misspelt one is an error before anything runs), in a fresh workdir under
+rlhf-runs/benchmarks/backbone-depth/ named from the overrides; then trains the default reward-model
+recipe on the raw labels, on the gold labels, and on the pairs denoised (flip_margin, margin) by
+fast-mode votes; prints held-out gold accuracy per pair type and the answer probe, and writes them as
+JSON beside the workdir (same name). Seed 0 with 4 layers and the width and SFT runs are quoted in
+docs/reward-modelling.md section 6 (4 layers: about 6 minutes on 2 cores).
 """
 
 from __future__ import annotations
@@ -16,40 +22,74 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import time
 from pathlib import Path
 
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+
+SET_BY_THE_BENCHMARK = ("seed", "workdir")  # --seed, and the workdir named from the overrides
+
+
+def round_overrides(layers: int | None, sets: list[str]) -> list[str]:
+    """The round-config overrides (`dotted.key=value`) of --layers and the --set items, in that order."""
+    overrides = [] if layers is None else [f"policy_model.num_hidden_layers={layers}"]
+    for item in sets:
+        key = item.split("=", 1)[0].strip()
+        if "=" not in item or not key:
+            raise SystemExit(f"--set {item!r}: give KEY=VALUE, e.g. policy_model.hidden_size=128")
+        if key in SET_BY_THE_BENCHMARK:
+            raise SystemExit(f"--set {item!r}: {key} is the benchmark's own (use --seed; the workdir is named "
+                             "from the overrides)")
+        overrides.append(item)
+    return overrides
+
+
+def run_name(layers: int | None, sets: list[str], seed: int) -> str:
+    """The run's workdir and JSON name: `layers4-seed0` for --layers alone (as before), the --set items' full
+    keys and values otherwise (`policy_model.hidden_size128-sft.steps2400-seed0`), `default-seed0` for none."""
+    parts = [] if layers is None else [f"layers{layers}"]
+    parts += [re.sub(r"[^A-Za-z0-9._-]", "_", item.replace("=", "", 1).replace(" ", "")) for item in sets]
+    return "-".join(parts or ["default"]) + f"-seed{seed}"
 
 
 def main(argv: list[str] | None = None) -> None:
     from flows.round import rlhf_round
     from reward_modelling import (add_round_arguments, gold_oriented, rm_report, round_config, round_pairs,
                                   round_voting, round_workdir)
-    from rlhf_core.config import DenoiseConfig
+    from rlhf_core.artifacts import atomic_write_text
+    from rlhf_core.config import ConfigError, DenoiseConfig
     from rlhf_core.reward.denoise import denoise
     from rlhf_core.reward.train import train_reward_model
     from rlhf_core.reward.voting import vote
     from rlhf_core.sim.metrics import flip_report
 
     parser = argparse.ArgumentParser()
-    parser.add_argument("--layers", type=int, required=True)
+    parser.add_argument("--layers", type=int, default=None, help="policy_model.num_hidden_layers")
+    parser.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
+                        help="a round-config override (dotted key, YAML value); repeat for more")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--work-dir", default="rlhf-runs/benchmarks/backbone-depth")
     add_round_arguments(parser)
     args = parser.parse_args(argv)
-    run_name = f"layers{args.layers}-seed{args.seed}"
-    work = round_workdir(args.rounds_dir, args.seed, Path(args.work_dir) / run_name)
-    cfg = round_config(args.config, args.seed, work, (f"policy_model.num_hidden_layers={args.layers}",))
+    overrides = round_overrides(args.layers, args.sets)
+    name = run_name(args.layers, args.sets, args.seed)
+    work = round_workdir(args.rounds_dir, args.seed, Path(args.work_dir) / name)
+    try:
+        cfg = round_config(args.config, args.seed, work, tuple(overrides))
+    except ConfigError as err:  # a misspelt key or a bad value, before anything runs
+        raise SystemExit(str(err)) from None
+    t0 = time.time()
     policy, pairs, eval_pairs = round_pairs(rlhf_round(config=cfg, stop_after="import_annotations")["artifacts"],
                                             args.seed)
 
-    out = {"layers": args.layers, "seed": args.seed}
-    for name, train in (("raw labels", pairs), ("gold labels", gold_oriented(pairs))):
+    out = {"layers": cfg.policy_model.num_hidden_layers, "overrides": overrides, "seed": args.seed,
+           "round seconds": time.time() - t0}
+    for label, train in (("raw labels", pairs), ("gold labels", gold_oriented(pairs))):
         t0 = time.time()
         model, tok, _ = train_reward_model(policy, train, cfg.reward.train, seed=args.seed)
-        out[name] = rm_report(model, tok, eval_pairs, cfg.reward.train) | {"seconds": time.time() - t0}
-        print(name, out[name], flush=True)
+        out[label] = rm_report(model, tok, eval_pairs, cfg.reward.train) | {"seconds": time.time() - t0}
+        print(label, out[label], flush=True)
     votes, _ = vote(policy, pairs, round_voting(cfg, {"mode": "fast"}), seed=args.seed)
     out["flip report"] = flip_report(pairs, denoise(pairs, votes, DenoiseConfig(method="flip"))[0])
     for method in ("flip_margin", "margin"):
@@ -57,7 +97,7 @@ def main(argv: list[str] | None = None) -> None:
         model, tok, _ = train_reward_model(policy, denoised, cfg.reward.train, seed=args.seed)
         out[method] = rm_report(model, tok, eval_pairs, cfg.reward.train)
         print(method, out[method], flush=True)
-    (Path(args.work_dir) / f"{run_name}.json").write_text(json.dumps(out, indent=1))
+    atomic_write_text(Path(args.work_dir) / f"{name}.json", json.dumps(out, indent=1))
 
 
 if __name__ == "__main__":

@@ -244,6 +244,23 @@ def test_reward_backbone_depth_on_the_shared_round(shared_round):
     assert 0.0 <= result["flip report"]["gold_agreement_before_excl_gold_ties"] <= 1.0
 
 
+def test_reward_backbone_depth_names_its_run_from_the_overrides_and_refuses_a_bad_key_before_running(tmp_path):
+    from reward_backbone_depth import main, run_name
+
+    assert run_name(4, [], 0) == "layers4-seed0"  # --layers alone: the name docs/reward-modelling.md quotes
+    assert run_name(None, ["policy_model.hidden_size=128", "sft.steps=2400"], 1) == \
+        "policy_model.hidden_size128-sft.steps2400-seed1"
+    assert run_name(None, [], 2) == "default-seed2"
+    work = ["--work-dir", str(tmp_path)]
+    with pytest.raises(SystemExit, match="policy_model.hiden_size: unknown key"):
+        main(["--set", "policy_model.hiden_size=128", *work])
+    with pytest.raises(SystemExit, match="sft.steps: Input should be a valid integer"):
+        main(["--set", "sft.steps=many", *work])
+    with pytest.raises(SystemExit, match="seed is the benchmark's own"):
+        main(["--set", "seed=1", *work])
+    assert not list(tmp_path.iterdir())  # no round started
+
+
 @pytest.mark.slow
 def test_reward_ensemble_members_and_their_means(shared_round):
     folder = run("reward_ensemble", shared_round)
