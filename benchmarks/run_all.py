@@ -3,8 +3,9 @@
     .venv/bin/python benchmarks/run_all.py [--only NAME ...] [--smoke [--out-dir DIR]]
 
 Default size: each script with its own defaults, results in docs/ (hours on 2 cores: reward_modelling,
-ppo_max and hh_rlhf_trained_trunk take about an hour each; trl_reward needs the `bench` extra, the two
-HH-RLHF ones the pairs file under ../shared/data and the `test` extra's MiniLM).
+ppo_max and hh_rlhf_trained_trunk take about an hour each; trl_reward needs the `bench` extra, trl_ppo TRL 1.12
+in .bench/ (see its docstring), the two HH-RLHF ones the pairs file under ../shared/data and the `test` extra's
+MiniLM).
 --smoke: every benchmark at its minimal size, the same code end to end: the round benchmarks share one
 miniature round (configs/mini.yaml, seed 0, kept in DIR/rounds, so only the first runs its stages), the
 HH-RLHF and TRL ones read a few synthetic pairs; everything is written under --out-dir (default: a new
@@ -45,6 +46,7 @@ DEFAULTS = {
     "hh_rlhf_voting": ["--pairs", str(HH_PAIRS)],
     "hh_rlhf_trained_trunk": ["--pairs", str(HH_PAIRS)],
     "trl_reward": [],
+    "trl_ppo": [],
     "scale_out": [],
 }
 
@@ -87,6 +89,9 @@ def smoke_argv(name: str, out: Path) -> list[str]:
         "trl_reward": ["--pairs-file", hh, "--pairs", "16", "--repeats", "1", "--hidden-size", "32", "--layers", "1",
                        "--max-length", "64", "--json", str(own / "benchmarks-trl-reward.json"),
                        "--doc", str(own / "benchmarks.md"), *trl_contenders()],
+        "trl_ppo": ["--iterations", "1", "--rows", "4", "--mini-batch-size", "2", "--new-tokens", "4", "--hidden-size",
+                    "32", "--layers", "1", "--repeats", "1", "--json", str(own / "benchmarks-trl-ppo.json"),
+                    "--doc", str(own / "benchmarks.md")],  # TRL's contender only where .bench/trl-1.12.0 is
         "scale_out": ["--json", str(own / "scale-out.json"), "--doc", str(own / "scale-out.md"),
                       "--figure", str(own / "figures" / "scale-out-ppo.png")],  # a model on paper: its size is fixed
     }[name]

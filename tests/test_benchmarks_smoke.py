@@ -152,6 +152,36 @@ def test_trl_reward_project_contenders_run_without_trl(out, monkeypatch):
     assert [r[0] for r in rows] == ["project", "project_grouped"] and all(r[6] == r[8] == "–" for r in rows)
 
 
+@pytest.mark.slow  # a fresh Python per contender run: about a minute on 2 cores
+def test_trl_ppo_times_each_phase_of_every_contender_and_replaces_its_doc_section(out):
+    import trl_ppo
+
+    doc = out / "trl_ppo" / "benchmarks.md"
+    stale = f"{trl_ppo.SECTION_START}\nan older run\n{trl_ppo.SECTION_END}\n"
+    doc.write_text(f"# Benchmarks\n\nan earlier section\n\n{stale}")
+    folder = run("trl_ppo", out)
+
+    result = json.loads((folder / "benchmarks-trl-ppo.json").read_text())
+    with_trl = trl_ppo.trl_available()  # TRL 1.12 in .bench/: not in CI
+    assert set(result["runs"]) == ({*trl_ppo.CONTENDERS} if with_trl else {"project", "project_top_p_0.9"})
+    for name, (run_,) in result["runs"].items():
+        assert run_["iterations"] == 1  # --iterations 1
+        phases = run_["phases"]
+        assert set(phases) == {"generation", "scoring", "training"} and all(v > 0 for v in phases.values())
+        assert sum(phases.values()) < run_["seconds"]  # the phases are inside the timed run
+        assert result["median_seconds_per_iteration"][name] == pytest.approx(run_["seconds"])
+    if with_trl:
+        per_iteration = result["median_seconds_per_iteration"]
+        assert result["speedup_vs_trl"]["project"] == pytest.approx(per_iteration["trl"] / per_iteration["project"])
+    else:
+        assert result["speedup_vs_trl"] == {} and trl_ppo.TRL_INSTALL in result["skipped"]["trl"]
+    text = doc.read_text()
+    assert "an earlier section" in text and "an older run" not in text  # its own section replaced, not added
+    assert text.count("## PPO steps vs TRL's PPOTrainer") == 1
+    rows = table(text, "| contender |")
+    assert [r[0] for r in rows][:2] == ["project", "project_top_p_0.9"]
+
+
 def test_trl_reward_benchmark_writes_its_result_and_doc_section(out):
     pytest.importorskip("trl", reason=NO_TRL)
     import trl_reward
