@@ -21,7 +21,7 @@ from rlhf_core.paths import allowed_roots, resolve_allowed
 from rlhf_core.schemas import read_table, write_table
 from rlhf_core.sim.annotators import simulate_label_studio_export
 from rlhf_core.sim.metrics import gold_agreement_of_pairs
-from tasks.common import RunContext, StageRun, run_stage
+from tasks.common import RunContext, StageRun, in_prefect_run, run_stage
 
 COLLECT_VERSION = "2"
 IMPORT_VERSION = "3"
@@ -93,7 +93,10 @@ def import_annotations(ctx: RunContext, cfg: AnnotationConfig, export: ArtifactR
 
 
 def _quarantine_artifact(quarantine: pd.DataFrame, report: dict) -> None:
-    """Counts per quarantine reason and file as a Prefect table artifact (shown on the flow run)."""
+    """Counts per quarantine reason and file as a Prefect table artifact (shown on the flow run); nothing outside
+    a Prefect run."""
+    if not in_prefect_run():
+        return
     rows = [{"source_file": f, "reason": r, "rows": int(n), "example": str(quarantine.loc[idx[0], "detail"])[:200]}
             for (f, r), idx in quarantine.groupby(["source_file", "reason"]).groups.items()
             for n in [len(idx)]]

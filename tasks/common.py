@@ -180,13 +180,20 @@ def _prefect_task_run_id() -> str:
         return ""
 
 
+def in_prefect_run() -> bool:
+    """Whether a Prefect flow or task run is running here: its artifacts (markdown, tables) go to the API only
+    then; outside (tests calling .fn, benchmarks' direct path) a stage computes the same, untracked."""
+    from prefect.context import FlowRunContext, TaskRunContext
+
+    return FlowRunContext.get() is not None or TaskRunContext.get() is not None
+
+
 def publish_markdown(markdown: str, key: str, description: str) -> None:
     """A Prefect markdown artifact on the running flow or task; nothing outside a Prefect run (tests calling
     .fn, benchmarks). `key` is made of lower-case letters, digits and dashes, as Prefect requires."""
     from prefect.artifacts import create_markdown_artifact
-    from prefect.context import FlowRunContext, TaskRunContext
 
-    if FlowRunContext.get() is None and TaskRunContext.get() is None:
+    if not in_prefect_run():
         return
     key = "".join(c if c.isalnum() else "-" for c in key.lower())
     create_markdown_artifact(markdown=markdown, key=key, description=description)
@@ -367,5 +374,5 @@ def _base_model(manifest: Manifest) -> str:
     return str(manifest.config.get("model", {}).get("pretrained") or "none (built from its config)")
 
 
-__all__ = ["RunContext", "StageRun", "run_stage", "publish_markdown", "config_digest", "code_version", "lock_workdir",
-           "WorkdirBusyError"]
+__all__ = ["RunContext", "StageRun", "run_stage", "publish_markdown", "in_prefect_run", "config_digest", "code_version",
+           "lock_workdir", "WorkdirBusyError"]

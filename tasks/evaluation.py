@@ -30,7 +30,7 @@ from rlhf_core.judge.prompt import criteria_text, grading_criteria_text
 from rlhf_core.judge.prompt_sets import load_prompt_set
 from rlhf_core.schemas import read_table, write_table
 from rlhf_core.sim.world import gold_score
-from tasks.common import RunContext, StageRun, run_stage
+from tasks.common import RunContext, StageRun, in_prefect_run, run_stage
 from tasks.plots import verdict_bars_with_intervals
 from tasks.ppo import reward_scorer
 
@@ -131,9 +131,8 @@ def grade_lines(metrics: dict[str, float], names: tuple[str, str]) -> list[str]:
 def _publish_headline(markdown: str, round_name: str, baseline_name: str = "sft") -> None:
     """A Prefect markdown artifact on the running flow; nothing outside a Prefect run (tests calling .fn)."""
     from prefect.artifacts import create_markdown_artifact
-    from prefect.context import FlowRunContext, TaskRunContext
 
-    if FlowRunContext.get() is None and TaskRunContext.get() is None:
+    if not in_prefect_run():
         return
     name = f"evaluation-{round_name}" + ("" if baseline_name == "sft" else f"-vs-{baseline_name}")
     key = "".join(c if c.isalnum() else "-" for c in name.lower())  # lower-case letters, digits and dashes only
@@ -196,8 +195,11 @@ def evaluate(ctx: RunContext, cfg: EvalConfig, candidate: ArtifactRef, baseline:
     ref = run_stage(ctx, stage=stage, version=VERSION, kind="judgements", config=config,
                     inputs={"candidate": candidate, "baseline": baseline, "reward_model": reward_model,
                             "world": world}, produce=produce, execution=execution)
-    # after the stage, so a cache hit shows the headline on its flow run too
-    _publish_headline(headline(ctx.store.manifest(ref).metrics, cfg, baseline_name), ctx.round_name, baseline_name)
+    # after the stage, so a cache hit shows the headline on its flow run too; outside a Prefect run there is none
+    # to show it on (and the benchmarks' direct path keeps no manifest to read it from)
+    if in_prefect_run():
+        _publish_headline(headline(ctx.store.manifest(ref).metrics, cfg, baseline_name), ctx.round_name,
+                          baseline_name)
     return ref
 
 

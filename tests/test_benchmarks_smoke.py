@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import math
 import statistics
 import sys
 from pathlib import Path
@@ -408,3 +409,79 @@ def test_reward_data_budget_variants_on_the_shared_round(shared_round):
     assert [r[0] for r in table(text, "| variant | seeds | flip precision")] == ["demo", "flip-type noise"]
     kept_and_read_back("reward_data_budget", shared_round, [folder / "seed0-demo.json",
                                                             folder / "seed0-flip-type_noise.json"])
+
+
+# ---------------------------------------------------------------- their own miniature rounds: overhead and scaling
+
+
+def test_loglog_slope_of_hand_made_timings():
+    from stage_scaling import loglog_slope
+
+    assert loglog_slope([1, 2, 4], [3.0, 6.0, 12.0]) == pytest.approx(1.0)  # linear
+    assert loglog_slope([1, 2, 4], [5.0, 5.0, 5.0]) == pytest.approx(0.0)  # constant
+    assert loglog_slope([1, 2, 4], [1.0, 4.0, 16.0]) == pytest.approx(2.0)  # quadratic
+
+
+def test_flow_phases_of_hand_made_timestamps():
+    from datetime import datetime, timedelta
+    from types import SimpleNamespace
+
+    from orchestration_overhead import flow_phases
+
+    t0 = datetime(2026, 1, 1)
+
+    def at(seconds):
+        return t0 + timedelta(seconds=seconds)
+
+    flow = SimpleNamespace(start_time=at(10))  # called at 0: 10 s to start the flow run
+    tasks = [SimpleNamespace(start_time=at(13), end_time=at(20)), SimpleNamespace(start_time=at(20.5), end_time=at(30))]
+    assert flow_phases(flow, tasks, at(0), at(34)) == {"before_flow_start": 10.0, "flow_start_to_first_task": 3.0,
+                                                       "between_tasks": 0.5, "after_last_task": 4.0}
+
+
+@pytest.mark.slow  # two miniature rounds, each in its own process (about 1.5 minutes on a loaded 2-core machine)
+def test_orchestration_overhead_flow_against_direct_stages(out):
+    import orchestration_overhead
+
+    doc = out / "orchestration_overhead" / "benchmarks.md"
+    doc.write_text("# Benchmarks\n\nan earlier section\n")
+    folder = run("orchestration_overhead", out)
+    result = json.loads((folder / "orchestration-overhead.json").read_text())
+    orchestrated, direct = result["seconds"]["orchestrated"][0], result["seconds"]["direct"][0]  # 1 repeat
+    assert result["ratio"] == pytest.approx(orchestrated / direct)
+    assert result["overhead_percent"] == pytest.approx(100 * (orchestrated / direct - 1))
+    # seeded: both paths write byte-identical artifacts, stage by stage
+    assert result["same_digest"] == {stage: True for stage in ROUND_STAGES}
+    acc_orchestrated, acc_direct = result["headline_by_run"]["reward/gold_accuracy_heldout"]
+    assert acc_orchestrated == acc_direct and 0.0 <= acc_direct <= 1.0
+    for stage in result["stages"].values():
+        assert stage["task_seconds"] >= stage["body_seconds"] - 0.05  # the Prefect task holds the stage's body
+    # the round is its tasks and the flow's phases between them (sequential tasks, none missing)
+    tasks = sum(s["task_seconds"] for s in result["stages"].values())
+    assert tasks + sum(result["flow_phases_seconds"].values()) == pytest.approx(orchestrated, abs=0.5)
+    text = doc.read_text()
+    assert text.startswith("# Benchmarks\n\nan earlier section\n")
+    assert text.count(orchestration_overhead.SECTION_START) == 1 == text.count(orchestration_overhead.SECTION_END)
+    assert {r[0] for r in table(text, "| stage | direct s |")} == ROUND_STAGES
+
+
+@pytest.mark.slow  # configs/mini.yaml's round at 1x and 2x its prompts, each in its own process (about a minute)
+def test_stage_scaling_times_and_memory_per_stage(out):
+    import stage_scaling
+
+    folder = run("stage_scaling", out)
+    result = json.loads((folder / "stage-scaling.json").read_text())
+    assert result["factors"] == [1.0, 2.0]
+    assert [s["sampling.n_samples"] for s in result["sizes"]] == [24, 48]  # configs/mini.yaml's 24, doubled
+    assert [s["world.n_prompts"] for s in result["sizes"]] == [80, 160]
+    assert result["n_pairs"] == [24, 48]  # one pair per sampled prompt (annotation.pairs_per_prompt 1)
+    assert set(result["stages"]) == ROUND_STAGES
+    for v in result["stages"].values():
+        t1, t2 = v["seconds"]
+        assert v["slope"] == pytest.approx(math.log(t2 / t1) / math.log(2))  # two sizes: the slope of the line
+        assert all(peak > 100 for peak in v["peak_rss_mb"])  # torch alone is more than 100 MB
+        assert all(added >= 0 for added in v["added_rss_mb"]) and v["workers_peak_rss_mb"] == [0.0, 0.0]
+    assert (folder / "stage-scaling.png").is_file()
+    text = (folder / "benchmarks.md").read_text()
+    assert text.count(stage_scaling.SECTION_START) == 1
+    assert {r[0] for r in table(text, "| stage | 1x s | 2x s |")} == ROUND_STAGES

@@ -1,0 +1,424 @@
+"""Issue 12's orchestration-overhead goal: a round through the Prefect flow with MLflow tracking against the same
+stages called directly; the goal is <= 5 %.
+
+    .venv/bin/python benchmarks/orchestration_overhead.py [--config configs/mini.yaml] [--repeats 3]
+        [--json docs/orchestration-overhead.json] [--doc docs/benchmarks.md] [--note TEXT]
+
+orchestrated: `rlhf_round` as `rlhf demo` runs it: Prefect's ephemeral API (started by the run), a local MLflow
+store in the workdir, a fresh workdir, nothing cached.
+direct: the same stage tasks' own bodies (`task.fn`: the same rlhf_core calls and worker launches, configs and
+seeds, in the round's order), with `run_stage` swapped for `run_produce`, which runs the stage's `produce` into a
+directory and names it by its content digest, and nothing else: no Prefect task or flow run, no MLflow, no cache
+lookup, manifest, input logging or Prefect artifact.
+
+Every run is a fresh process in a fresh workdir (imports not timed: the round is timed from its call to its
+return); the contenders alternate, the first one swapped every repeat. Medians over the repeats, the ratio and the
+per-stage breakdown (the Prefect task's wall time from the API, the stage's body inside it, the direct stage) go to
+the JSON (--json) and to this benchmark's section of --doc. Both paths must give the same artifacts: every stage's
+content digest is compared across all runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from functools import partial
+from pathlib import Path
+from typing import Callable, ContextManager, Iterator
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+# a first ephemeral API creates its database: on a loaded 2-core machine that outlasts Prefect's 20 s default
+os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
+
+from doc_section import replace_section  # noqa: E402
+
+SECTION_START, SECTION_END = "<!-- orchestration-overhead:start -->", "<!-- orchestration-overhead:end -->"
+GOAL_PERCENT = 5.0
+CONTENDERS = ("orchestrated", "direct")
+# the modules of the round's stage tasks: the direct path swaps their `run_stage`
+STAGE_MODULES = ("tasks.world", "tasks.sampling", "tasks.generation", "tasks.annotation", "tasks.voting",
+                 "tasks.denoise", "tasks.reward", "tasks.ppo", "tasks.evaluation")
+PHASES = {"before_flow_start": "before the flow run started (ephemeral API start, flow run creation)",
+          "flow_start_to_first_task": "flow start to the first task (config checks, workdir lock, the round's MLflow "
+                                      "run and store)",
+          "between_tasks": "between tasks (the flow's lineage and model tags)",
+          "after_last_task": "after the last task (summary, promotion, the round's artifact)"}
+ROUND_STAGES = ("world", "sft", "sample", "generate", "annotators", "import_annotations", "vote", "denoise", "reward",
+                "ppo", "evaluate")
+
+
+# ---------------------------------------------------------------- the direct path
+
+
+def untracked_run(scratch: Path):
+    """The StageRun a direct stage gets: it logs nowhere (no MLflow, no metric history for cache hits); a figure
+    the stage made is closed unsaved (saving it as a PNG is the tracker's work)."""
+    import matplotlib.pyplot as plt
+
+    from tasks.common import StageRun
+
+    class UntrackedRun(StageRun):
+        def log_metrics(self, metrics: dict[str, float], step: int = 0) -> None:
+            pass
+
+        def log_figure(self, fig, name: str) -> None:
+            plt.close(fig)
+
+    return UntrackedRun(tracker=None, run_id="", scratch=scratch, plots=scratch / "plots")
+
+
+def run_produce(ctx, *, stage: str, kind: str, produce, metrics: dict[str, dict], **bookkeeping):
+    """What `run_stage` computes, without what only orchestration needs: `produce` writes the stage's output into
+    <workdir>/direct/<stage> (its scratch beside it, removed afterwards as run_stage does), and the output is named
+    by its content digest (run_stage's commit hashes it too; the generate stage names responses by the policy's).
+    The stage's metrics go to `metrics`[stage]. `bookkeeping` (version, config, inputs, registration, execution
+    settings) only makes run_stage's cache key, manifest and MLflow run."""
+    from rlhf_core.artifacts import ArtifactRef, content_digest
+
+    out = Path(ctx.workdir) / "direct" / stage
+    out.mkdir(parents=True)
+    scratch = Path(ctx.workdir) / "scratch" / stage
+    metrics[stage] = dict(produce(out, untracked_run(scratch)))
+    shutil.rmtree(scratch, ignore_errors=True)
+    return ArtifactRef(kind=kind, digest=content_digest(out)[0], path=str(out))
+
+
+@contextmanager
+def stages_untracked(metrics: dict[str, dict]) -> Iterator[None]:
+    """Within: each stage task's module calls `run_produce` where its body calls `run_stage`."""
+    import tasks.common
+
+    modules = [importlib.import_module(name) for name in STAGE_MODULES]
+    for module in modules:
+        if module.run_stage is not tasks.common.run_stage:  # a stage that runs some other way would go untimed
+            raise RuntimeError(f"{module.__name__}.run_stage is not tasks.common.run_stage")
+        module.run_stage = partial(run_produce, metrics=metrics)
+    try:
+        yield
+    finally:
+        for module in modules:
+            module.run_stage = tasks.common.run_stage
+
+
+@dataclass
+class DirectRound:
+    outputs: dict = field(default_factory=dict)  # stage -> ArtifactRef
+    seconds: dict[str, float] = field(default_factory=dict)
+    metrics: dict[str, dict] = field(default_factory=dict)
+
+
+def direct_round(config, watch: Callable[[str], ContextManager] | None = None) -> DirectRound:
+    """Round 1 of `config` with every stage's body called directly, in the round's order (flows/round.py's
+    _run_stages and flows/stages.py's HEAVY_STAGES: the same arguments); `watch(stage)` wraps each stage (the
+    scaling benchmark's memory probe). Starts from the SFT policy, as round 1 does in a fresh workdir."""
+    from rlhf_core.artifacts import ArtifactStore
+    from tasks.annotation import collect_annotations, import_annotations
+    from tasks.common import RunContext
+    from tasks.denoise import denoise_pairs
+    from tasks.evaluation import evaluate
+    from tasks.generation import generate
+    from tasks.ppo import train_policy
+    from tasks.reward import train_reward
+    from tasks.sampling import sample_prompts
+    from tasks.voting import vote_strength
+    from tasks.world import build_world, train_sft_policy
+
+    workdir = Path(config.workdir).resolve()
+    ArtifactStore(workdir / "artifacts")  # made as the round makes it (sampling may keep caches beside it)
+    ctx = RunContext(workdir=str(workdir), tracking_uri="", experiment="", parent_run_id="", round_name=config.name)
+    seed, simulated = config.seed, not config.annotation.exports
+    world, reward_train = config.world, config.reward.train
+    result = DirectRound()
+    o = result.outputs
+    calls = {
+        "world": lambda: build_world.fn(ctx, world, config.seed),
+        "sft": lambda: train_sft_policy.fn(ctx, world, config.policy_model, config.sft, o["world"], config.seed),
+        "sample": lambda: sample_prompts.fn(ctx, config.sampling, o["world"], seed),
+        "generate": lambda: generate.fn(ctx, config.generation, o["sample"], o["sft"], seed),
+        "annotators": lambda: collect_annotations.fn(ctx, config.annotation, world, o["generate"], seed),
+        "import_annotations": lambda: import_annotations.fn(ctx, config.annotation, o["annotators"], o["generate"],
+                                                            simulated),
+        "vote": lambda: vote_strength.fn(ctx, config.voting, o["import_annotations"], o["sft"], seed, simulated),
+        "denoise": lambda: denoise_pairs.fn(ctx, config.denoise, o["import_annotations"], o["vote"], simulated),
+        "reward": lambda: train_reward.fn(ctx, config.reward, o["denoise"], o["import_annotations"], o["sft"],
+                                          o["world"], seed, simulated, world.max_operand, tuple(world.operations),
+                                          responses=o["generate"] if reward_train.meta.enabled else None),
+        "ppo": lambda: train_policy.fn(ctx, config.ppo, o["sft"], o["reward"], o["world"], o["sft"], reward_train,
+                                       seed),
+        "evaluate": lambda: evaluate.fn(ctx, config.evaluation, o["ppo"], o["sft"], o["reward"], o["world"],
+                                        reward_train, seed),
+    }
+    with stages_untracked(result.metrics):
+        for stage, call in calls.items():
+            with watch(stage) if watch else nullcontext():
+                start = time.perf_counter()
+                o[stage] = call()
+                result.seconds[stage] = time.perf_counter() - start
+    assert set(result.metrics) == set(calls), "every stage ran through run_produce"
+    return result
+
+
+# ---------------------------------------------------------------- one run of each contender (its own process)
+
+
+def prefect_runs(flow_run_id: str, stages: int):
+    """The flow run `flow_run_id` and its task runs (those that ended), as the API recorded them; task runs report
+    through events, so this waits (up to 30 s) until `stages` of them have ended."""
+    from uuid import UUID
+
+    from prefect import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    flow_runs = FlowRunFilter(id=FlowRunFilterId(any_=[UUID(flow_run_id)]))
+    deadline = time.time() + 30
+    while True:
+        with get_client(sync_client=True) as client:
+            flow = client.read_flow_run(UUID(flow_run_id))
+            ended = [r for r in client.read_task_runs(flow_run_filter=flow_runs) if r.start_time and r.end_time]
+        if len(ended) >= stages or time.time() > deadline:
+            return flow, sorted(ended, key=lambda r: r.start_time)
+
+
+def flow_phases(flow, task_runs, called: datetime, returned: datetime) -> dict[str, float]:
+    """Where the round's time outside its tasks went: before its flow run started (the ephemeral API's start, the
+    flow run's creation), from that start to the first task (config checks, the workdir lock, the round's MLflow
+    run), between tasks (the flow's own lines: lineage tags, model tags), and after the last task (summary,
+    finish, promotion) until the call returned."""
+    gaps = [(b.start_time - a.end_time).total_seconds() for a, b in zip(task_runs, task_runs[1:])]
+    return {"before_flow_start": (flow.start_time - called).total_seconds(),
+            "flow_start_to_first_task": (task_runs[0].start_time - flow.start_time).total_seconds(),
+            "between_tasks": sum(gaps),
+            "after_last_task": (returned - max(r.end_time for r in task_runs)).total_seconds()}
+
+
+def run_orchestrated(config) -> dict:
+    """The round through the flow: its stages' content digests, body seconds (manifests) and task seconds (the
+    API's), and where the flow's time outside its tasks went."""
+    from flows.round import rlhf_round
+    from rlhf_core.artifacts import ArtifactStore
+
+    called, start = datetime.now(timezone.utc), time.perf_counter()
+    summary = rlhf_round(config=config)
+    seconds, returned = time.perf_counter() - start, datetime.now(timezone.utc)
+    store = ArtifactStore(Path(config.workdir).resolve() / "artifacts")
+    manifests = {stage: store.manifest(store.find(a["kind"], a["digest"])) for stage, a in summary["artifacts"].items()}
+    flow, task_runs = prefect_runs(summary["prefect_flow_run_id"], len(manifests))
+    tasks = {r.name.rsplit("-", 1)[0]: (r.end_time - r.start_time).total_seconds() for r in task_runs}
+    return {"seconds": seconds, "phases": flow_phases(flow, task_runs, called, returned), "stages": {
+        stage: {"digest": m.digest, "body_seconds": m.metrics["time/stage_seconds"], "task_seconds": tasks.get(stage),
+                "metrics": m.metrics} for stage, m in manifests.items()}}
+
+
+def run_direct(config) -> dict:
+    """The round's stages called directly: their content digests, seconds and metrics."""
+    for name in STAGE_MODULES:  # imported before the clock starts, as the orchestrated run imports the flow
+        importlib.import_module(name)
+    start = time.perf_counter()
+    result = direct_round(config)
+    seconds = time.perf_counter() - start
+    return {"seconds": seconds, "stages": {
+        stage: {"digest": ref.digest, "seconds": result.seconds[stage], "metrics": result.metrics[stage]}
+        for stage, ref in result.outputs.items()}}
+
+
+def run_one(contender: str, config_path: str | None, workdir: Path, result_path: Path) -> None:
+    """One contender's round in this process (a fresh workdir), its result as JSON."""
+    from reward_modelling import round_config
+
+    config = round_config(config_path, 0, workdir)
+    result = (run_orchestrated if contender == "orchestrated" else run_direct)(config)
+    result_path.write_text(json.dumps(result, default=float))
+
+
+def spawn(contender: str, config_path: str | None, tmp: Path, label: str) -> dict:
+    """Run one contender in a fresh process and workdir; its result, with the process's wall time."""
+    workdir, result_path = tmp / label, tmp / f"{label}.json"
+    argv = [sys.executable, __file__, "--one", contender, "--workdir", str(workdir), "--result", str(result_path)]
+    start = time.perf_counter()
+    subprocess.run(argv + (["--config", config_path] if config_path else []), cwd=ROOT, check=True)
+    result = json.loads(result_path.read_text()) | {"process_seconds": time.perf_counter() - start}
+    shutil.rmtree(workdir, ignore_errors=True)  # disk: a demo round's store is ~100 MB
+    return result
+
+
+# ---------------------------------------------------------------- the measurement and its report
+
+
+def measure(config_path: str | None, repeats: int) -> dict[str, list[dict]]:
+    """`repeats` runs of each contender, alternating, the one that goes first swapped every repeat."""
+    runs: dict[str, list[dict]] = {c: [] for c in CONTENDERS}
+    with tempfile.TemporaryDirectory(prefix="orchestration-overhead-") as tmp:
+        for repeat in range(repeats):
+            order = CONTENDERS if repeat % 2 == 0 else CONTENDERS[::-1]
+            for contender in order:
+                print(f"== repeat {repeat + 1}/{repeats}: {contender}", flush=True)
+                runs[contender].append(spawn(contender, config_path, Path(tmp), f"{contender}-{repeat}"))
+    return runs
+
+
+def same_results(runs: dict[str, list[dict]]) -> dict[str, bool]:
+    """Per stage: did every run of both contenders write the same content (digest)?"""
+    every = [r for contender in CONTENDERS for r in runs[contender]]
+    return {stage: len({r["stages"][stage]["digest"] for r in every}) == 1 for stage in ROUND_STAGES}
+
+
+def breakdown(runs: dict[str, list[dict]]) -> dict[str, dict[str, float]]:
+    """Per stage, medians over the repeats: the direct stage, the Prefect task and the stage's body inside it."""
+    def median(contender: str, stage: str, key: str) -> float:
+        values = [r["stages"][stage][key] for r in runs[contender] if r["stages"][stage].get(key) is not None]
+        return statistics.median(values) if values else float("nan")
+
+    return {stage: {"direct_seconds": median("direct", stage, "seconds"),
+                    "task_seconds": median("orchestrated", stage, "task_seconds"),
+                    "body_seconds": median("orchestrated", stage, "body_seconds")} for stage in ROUND_STAGES}
+
+
+def summarise(runs: dict[str, list[dict]], args: argparse.Namespace) -> dict:
+    direct = statistics.median(r["seconds"] for r in runs["direct"])
+    orchestrated = statistics.median(r["seconds"] for r in runs["orchestrated"])
+    stages = breakdown(runs)
+    phases = {phase: statistics.median(r["phases"][phase] for r in runs["orchestrated"]) for phase in PHASES}
+    headline = {key: [r["stages"][stage]["metrics"].get(key) for c in CONTENDERS for r in runs[c]]
+                for stage, key in (("reward", "reward/gold_accuracy_heldout"), ("evaluate", "eval/judge/win_rate"))}
+    return {
+        "benchmark": "orchestration_overhead",
+        "command": "python benchmarks/orchestration_overhead.py " + " ".join(args.argv),
+        "config": args.config or "the embedded demo", "seed": 0, "repeats": args.repeats,
+        "date": f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC",
+        "machine": machine(args.load_at_start),
+        "seconds": {c: [r["seconds"] for r in runs[c]] for c in CONTENDERS},
+        "process_seconds": {c: [r["process_seconds"] for r in runs[c]] for c in CONTENDERS},
+        "median_seconds": {"orchestrated": orchestrated, "direct": direct},
+        "ratio": orchestrated / direct, "overhead_percent": 100 * (orchestrated / direct - 1),
+        "goal_percent": GOAL_PERCENT, "flow_phases_seconds": phases,
+        "stages": stages, "same_digest": same_results(runs), "headline_by_run": headline,
+        "notes": args.note or [],
+    }
+
+
+def verdict(result: dict) -> str:
+    """The sentence on the goal: met or not, by how much, and where the extra time goes."""
+    pct, goal = result["overhead_percent"], result["goal_percent"]
+    status = (f"met ({goal - pct:.1f} points to spare)" if pct <= goal else f"missed by {pct - goal:.1f} points")
+    costs = {stage: s["task_seconds"] - s["direct_seconds"] for stage, s in result["stages"].items()}
+    costs |= {f"flow: {PHASES[phase]}": seconds for phase, seconds in result["flow_phases_seconds"].items()}
+    extra = result["median_seconds"]["orchestrated"] - result["median_seconds"]["direct"]
+    top = sorted(costs.items(), key=lambda kv: -kv[1])[:3]
+    where = ", ".join(f"{name} {seconds:+.1f} s" for name, seconds in top)
+    return (f"**Goal (issue 12): orchestration overhead <= {goal:.0f} %. Measured {pct:+.1f} % "
+            f"({result['ratio']:.3f}x, {extra:+.1f} s a round): {status}.** The largest extra times (the Prefect "
+            f"task's wall time minus the direct stage's; the flow's time outside its tasks): {where}.")
+
+
+def section(result: dict) -> str:
+    m, s = result["machine"], result["stages"]
+    same = result["same_digest"]
+    agree = ("every stage wrote the same content (the same digest) in all runs of both paths"
+             if all(same.values()) else
+             f"the content differed between runs in: {', '.join(k for k, v in same.items() if not v)}")
+    rows = "\n".join(
+        f"| {stage} | {v['direct_seconds']:.1f} | {v['task_seconds']:.1f} | {v['body_seconds']:.1f} | "
+        f"{v['task_seconds'] - v['direct_seconds']:+.1f} | {'yes' if same[stage] else 'no'} |"
+        for stage, v in s.items())
+    phases = "; ".join(f"{PHASES[k]} {v:.1f} s" for k, v in result["flow_phases_seconds"].items())
+    acc = ", ".join(f"{x:.3f}" for x in result["headline_by_run"]["reward/gold_accuracy_heldout"])
+    notes = "".join(f"- {n}\n" for n in result["notes"])
+    return f"""{SECTION_START}
+## Orchestration overhead: the round through Prefect and MLflow vs its stages called directly
+
+Machine: {m['cores']} CPU cores ({m['processor']}), torch {m['torch']}, OMP_NUM_THREADS={m['OMP_NUM_THREADS']}; load
+average {m['load_average_at_start']:.1f} at the start; {result['date']}. This machine is shared with other
+engineers' jobs: the absolute times are context, the ratio is the result (contenders alternated, the first swapped
+every repeat, medians over {result['repeats']} repeats).
+
+    {result['command']}
+
+Round: {result['config']}, seed {result['seed']}, a fresh workdir and a fresh process per run (imports not
+timed). **orchestrated**: `rlhf_round` as `rlhf demo` runs it (Prefect's ephemeral API started by the run, MLflow
+in the workdir, nothing cached). **direct**: the same stage tasks' bodies (`task.fn`, the same rlhf_core calls,
+configs and seeds, in the round's order) with `run_stage` replaced by `run_produce` (the stage's `produce` into a
+directory named by its content digest; no Prefect, MLflow, cache, manifest or lineage).
+
+{verdict(result)}
+
+Round seconds: orchestrated {', '.join(f'{x:.1f}' for x in result['seconds']['orchestrated'])} (median
+{result['median_seconds']['orchestrated']:.1f}); direct {', '.join(f'{x:.1f}' for x in result['seconds']['direct'])}
+(median {result['median_seconds']['direct']:.1f}). The flow's time outside its tasks (medians):
+{phases}.
+
+| stage | direct s | Prefect task s | stage body in the task s | task - direct s | same digest |
+|---|---|---|---|---|---|
+{rows}
+
+Prefect task s: the task run's start to end time as the API recorded it; the stage body: `produce` inside
+`run_stage` (the manifest's time/stage_seconds), so task - body is the stage's cache lookup, MLflow run, input
+logging, manifest and model registration. Same results: {agree}; held-out reward-model gold accuracy per run
+(orchestrated runs first): {acc}.
+{notes}{SECTION_END}
+"""
+
+
+def machine(load_at_start: float) -> dict:
+    """What the doc says of the machine: cores, processor, torch, its threads' setting and the load at the start."""
+    import torch
+
+    return {"cores": os.cpu_count(), "processor": platform.processor() or platform.machine(),
+            "torch": torch.__version__, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "unset"),
+            "load_average_at_start": load_at_start}
+
+
+def add_run_arguments(parser: argparse.ArgumentParser, json_default: str) -> None:
+    """The arguments both round benchmarks share: the round, where they write, notes, and the hidden ones of the
+    single run a benchmark starts in a fresh process (--workdir, --result)."""
+    parser.add_argument("--config", default=None, help="the round's YAML config (default: the embedded demo)")
+    parser.add_argument("--json", type=Path, default=ROOT / "docs" / json_default)
+    parser.add_argument("--doc", type=Path, default=ROOT / "docs" / "benchmarks.md")
+    parser.add_argument("--note", action="append", help="a remark on this run (the machine's load, ...); repeatable")
+    parser.add_argument("--workdir", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--result", type=Path, help=argparse.SUPPRESS)
+
+
+def write_outputs(result: dict, json_path: Path, doc: Path, text: str, start: str, end: str) -> None:
+    """The result as JSON, and `text` (a section between `start` and `end`) into `doc`, both written atomically."""
+    from rlhf_core.artifacts import atomic_write_text
+
+    json_path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(json_path, json.dumps(result, indent=2, default=float))
+    replace_section(doc, text, start, end,
+                    "# Benchmarks (issue 12)\n\nEach section is written by its benchmark script.\n")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    add_run_arguments(parser, "orchestration-overhead.json")
+    parser.add_argument("--repeats", type=int, default=3, help="runs of each contender")
+    parser.add_argument("--one", choices=CONTENDERS, help=argparse.SUPPRESS)  # a single run, in this process
+    args = parser.parse_args(argv)
+    if args.one:
+        run_one(args.one, args.config, args.workdir, args.result)
+        return
+    if args.repeats < 1:
+        parser.error("--repeats must be >= 1")
+    args.argv, args.load_at_start = list(sys.argv[1:] if argv is None else argv), os.getloadavg()[0]
+    result = summarise(measure(args.config, args.repeats), args)
+    text = section(result)
+    write_outputs(result, args.json, args.doc, text, SECTION_START, SECTION_END)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
