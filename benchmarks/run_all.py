@@ -95,7 +95,7 @@ def smoke_argv(name: str, out: Path) -> list[str]:
         "trl_reward": ["--pairs-file", hh, "--pairs", "16", "--repeats", "1", "--hidden-size", "32", "--layers", "1",
                        "--max-length", "64", "--json", str(own / "benchmarks-trl-reward.json"),
                        "--doc", str(own / "benchmarks.md"), *trl_contenders()],
-        "trl_ppo": ["--iterations", "1", "--rows", "4", "--mini-batch-size", "2", "--new-tokens", "4", "--hidden-size",
+        "trl_ppo": ["--iterations", "2", "--rows", "4", "--mini-batch-size", "2", "--new-tokens", "4", "--hidden-size",
                     "32", "--layers", "1", "--repeats", "1", "--json", str(own / "benchmarks-trl-ppo.json"),
                     "--doc", str(own / "benchmarks.md")],  # TRL's contender only where .bench/trl-1.12.0 is
         "scale_out": ["--json", str(own / "scale-out.json"), "--doc", str(own / "scale-out.md"),

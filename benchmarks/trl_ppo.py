@@ -58,10 +58,26 @@ SECTION_END = "<!-- trl_ppo:end -->"
 
 
 class Timers:
-    """Seconds spent in named phases, accumulated by wrapping the loop's own functions (`when` filters calls)."""
+    """Seconds spent in named phases, accumulated by wrapping the loop's own functions (`when` filters calls),
+    and a mark at the end of every iteration: (time, the phases' seconds so far)."""
 
     def __init__(self):
         self.seconds: dict[str, float] = {}
+        self.marks: list[tuple[float, float, dict[str, float]]] = []
+
+    def mark(self, *_args, **_kwargs) -> None:
+        self.marks.append((time.perf_counter(), time.process_time(), dict(self.seconds)))
+
+    def steady_state(self) -> dict:
+        """Seconds per iteration after the first (which pays one-off costs: lazy imports, allocator warm-up),
+        split into generation, scoring and training (the rest of the iteration: advantages and the update)."""
+        (t_first, cpu_first, first), (t_last, cpu_last, last) = self.marks[0], self.marks[-1]
+        n = len(self.marks) - 1
+        per_iteration = {name: (last.get(name, 0.0) - first.get(name, 0.0)) / n for name in ("generation", "scoring")}
+        total = (t_last - t_first) / n
+        return {"seconds_per_iteration": total, "cpu_seconds_per_iteration": (cpu_last - cpu_first) / n,
+                "phases": per_iteration | {
+            "training": total - per_iteration["generation"] - per_iteration["scoring"]}}
 
     def wrap(self, name: str, fn, when=lambda: True):
         @functools.wraps(fn)
@@ -114,25 +130,29 @@ def run_project(spec: dict, top_p: float) -> dict:
                     temperature=1.0, top_p=top_p, kl_coef=spec["kl_coef"], policy_lr=spec["lr"],
                     critic_warmup_steps=0)
     timers = Timers()
-    trainer.sample_batch = timers.wrap("generation", trainer.sample_batch)
-    trainer.rollout = timers.wrap("rollout", trainer.rollout)
-    trainer.update = timers.wrap("training", trainer.update)
+    generation_only = trainer.sample_batch
+    trainer.sample_batch = timers.wrap("generation", generation_only)
+    rollout = timers.wrap("rollout", trainer.rollout)
+
+    def timed_rollout(*args, **kwargs):  # scoring = the rollout without its sampling
+        result = rollout(*args, **kwargs)
+        timers.seconds["scoring"] = timers.seconds["rollout"] - timers.seconds["generation"]
+        return result
+
+    trainer.rollout = timed_rollout
     t0, cpu0 = time.perf_counter(), time.process_time()
     reward_fn = reward_scorer(work_dir / "reward", max_length=256)
     _, _, history = trainer.train_ppo(work_dir / "policy", reward_fn, spec["prompts"], cfg, seed=spec["seed"],
-                                      critic_init_dir=work_dir / "reward")
+                                      critic_init_dir=work_dir / "reward", on_iteration=timers.mark)
     seconds, cpu_seconds = time.perf_counter() - t0, time.process_time() - cpu0
-    phases = {"generation": timers.seconds["generation"],
-              "scoring": timers.seconds["rollout"] - timers.seconds["generation"],
-              "training": timers.seconds["training"]}
-    return {"seconds": seconds, "cpu_seconds": cpu_seconds, "phases": phases, "torch_threads": torch.get_num_threads(),
-            "iterations": len(history), "final_kl": history[-1]["objective/kl"]}
+    return {"seconds": seconds, "cpu_seconds": cpu_seconds, **timers.steady_state(),
+            "torch_threads": torch.get_num_threads(), "iterations": len(history), "final_kl": history[-1]["objective/kl"]}
 
 
 def run_trl(spec: dict) -> dict:
     import torch
     from datasets import Dataset
-    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
+    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, TrainerCallback
 
     import trl
     from rlhf_core import models
@@ -167,16 +187,14 @@ def run_trl(spec: dict) -> dict:
         ref_model=AutoModelForCausalLM.from_pretrained(work_dir / "policy", dtype=torch.float32),
         reward_model=AutoModelForSequenceClassification.from_pretrained(work_dir / "reward", dtype=torch.float32),
         value_model=AutoModelForSequenceClassification.from_pretrained(work_dir / "reward", dtype=torch.float32),
-        train_dataset=dataset, eval_dataset=dataset.select(range(rows)))
-    t_train = time.perf_counter()
+        train_dataset=dataset, eval_dataset=dataset.select(range(rows)),
+        callbacks=[type("Marks", (TrainerCallback,), {"on_step_end": lambda self, *a, **k: timers.mark()})()])
     trainer.train()
-    end = time.perf_counter()
-    seconds, cpu_seconds = end - t0, time.process_time() - cpu0
-    generation, scoring = timers.seconds.get("generation", 0.0), timers.seconds.get("scoring", 0.0)
-    phases = {"generation": generation, "scoring": scoring, "training": end - t_train - generation - scoring}
+    seconds, cpu_seconds = time.perf_counter() - t0, time.process_time() - cpu0
     kl = [entry["objective/kl"] for entry in trainer.state.log_history if "objective/kl" in entry]
-    return {"seconds": seconds, "cpu_seconds": cpu_seconds, "phases": phases, "torch_threads": torch.get_num_threads(),
-            "iterations": trainer.state.global_step, "final_kl": kl[-1] if kl else None}
+    return {"seconds": seconds, "cpu_seconds": cpu_seconds, **timers.steady_state(),
+            "torch_threads": torch.get_num_threads(), "iterations": trainer.state.global_step,
+            "final_kl": kl[-1] if kl else None}
 
 
 def run_child(name: str, spec_path: Path) -> None:
@@ -223,14 +241,14 @@ def run_benchmark(args) -> dict:
             shift = repeat % len(contenders)
             for name in contenders[shift:] + contenders[:shift]:  # rotated: no contender always runs first
                 run = spawn(name, spec_path, work_dir)
-                run["seconds_per_iteration"] = run["seconds"] / run["iterations"]
                 runs[name].append(run)
                 print(f"repeat {repeat}: {name:18s} {run['seconds']:7.2f} s  "
                       + "  ".join(f"{k} {v:.2f}" for k, v in run["phases"].items()), flush=True)
     median = {name: statistics.median(r["seconds_per_iteration"] for r in runs[name]) for name in contenders}
-    phases = {name: {phase: statistics.median(r["phases"][phase] / r["iterations"] for r in runs[name])
+    phases = {name: {phase: statistics.median(r["phases"][phase] for r in runs[name])
                      for phase in ("generation", "scoring", "training")} for name in contenders}
-    cpu = {name: statistics.median(r["cpu_seconds"] / r["iterations"] for r in runs[name]) for name in contenders}
+    cpu = {name: statistics.median(r["cpu_seconds_per_iteration"] for r in runs[name]) for name in contenders}
+    whole_run = {name: statistics.median(r["seconds"] for r in runs[name]) for name in contenders}
     ratio = {name: median["trl"] / median[name] for name in contenders if name != "trl"} if "trl" in median else {}
     return {
         "benchmark": "trl_ppo",
@@ -247,6 +265,7 @@ def run_benchmark(args) -> dict:
         "median_seconds_per_iteration": median,
         "median_phase_seconds_per_iteration": phases,
         "median_cpu_seconds_per_iteration": cpu,
+        "median_seconds_per_run": whole_run,
         "speedup_vs_trl": ratio,
         "cpu_speedup_vs_trl": {name: cpu["trl"] / cpu[name] for name in ratio},
         "goal_ratio": GOAL_RATIO,
@@ -266,24 +285,27 @@ def markdown_section(result: dict) -> str:
         f"tokenizer), {setup['rows_per_rollout']} rows per rollout, {setup['new_tokens']} new tokens, "
         f"{setup['ppo_epochs']} PPO epochs over minibatches of {setup['mini_batch_size']}, fp32, "
         f"{setup['iterations']} iterations per run, median of {setup['repeats']} runs per contender (each in a fresh "
-        "process, order rotated). Seconds per iteration include model loading spread over the iterations.",
+        "process, order rotated). Per iteration: the steady state, iterations 2 to the last (the first pays one-off "
+        "costs, e.g. TRL's lazy import of DeepSpeed); a whole run, start-up and model loading included, beside it.",
         "",
-        "| contender | s / iteration | generation | scoring | training | CPU s / iteration | speed-up vs TRL |",
-        "|---|---|---|---|---|---|---|",
+        "| contender | s / iteration | generation | scoring | training | CPU s / iteration | speed-up vs TRL "
+        "| CPU speed-up | whole run, s |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for name, seconds in result["median_seconds_per_iteration"].items():
         phases = result["median_phase_seconds_per_iteration"][name]
-        speedup = result["speedup_vs_trl"].get(name)
+        speedup, cpu_speedup = result["speedup_vs_trl"].get(name), result["cpu_speedup_vs_trl"].get(name)
         lines.append(f"| {name} | {seconds:.2f} | {phases['generation']:.2f} | {phases['scoring']:.2f} | "
                      f"{phases['training']:.2f} | {result['median_cpu_seconds_per_iteration'][name]:.2f} | "
-                     + (f"{speedup:.2f}x" if speedup else "–") + " |")
+                     + (f"{speedup:.2f}x | {cpu_speedup:.2f}x" if speedup else "– | –")
+                     + f" | {result['median_seconds_per_run'][name]:.1f} |")
     for name, why in result["skipped"].items():
-        lines.append(f"| {name} | not run: {why} | | | | | |")
+        lines.append(f"| {name} | not run: {why} | | | | | | | |")
     speedup = result["speedup_vs_trl"].get("project")
     if speedup is not None:
         verdict = "met" if speedup >= result["goal_ratio"] else f"missed by {result['goal_ratio'] - speedup:.2f}x"
         lines += ["", f"Goal: the project's PPO step >= {result['goal_ratio']}x TRL's, like for like (top-p 1.0): "
-                      f"{speedup:.2f}x, {verdict}."]
+                      f"{speedup:.2f}x wall, {result['cpu_speedup_vs_trl']['project']:.2f}x CPU; {verdict}."]
     lines += [f"- {note}" for note in result["notes"]]
     lines.append(SECTION_END)
     return "\n".join(lines) + "\n"
@@ -311,6 +333,8 @@ def main(argv: list[str] | None = None) -> dict | None:
         return None
     if args.rows % 2 or args.rows % args.mini_batch_size:
         parser.error("--rows must be even and a multiple of --mini-batch-size")
+    if args.iterations < 2:
+        parser.error("--iterations must be at least 2: the first iteration is start-up, the steady state is the rest")
     args.argv = sys.argv[1:] if argv is None else list(argv)
     args.load_at_start = os.getloadavg()[0]
 
