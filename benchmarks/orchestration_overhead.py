@@ -244,29 +244,39 @@ def run_one(contender: str, config_path: str | None, workdir: Path, result_path:
     result_path.write_text(json.dumps(result, default=float))
 
 
-def spawn(contender: str, config_path: str | None, tmp: Path, label: str) -> dict:
-    """Run one contender in a fresh process and workdir; its result, with the process's wall time."""
-    workdir, result_path = tmp / label, tmp / f"{label}.json"
-    argv = [sys.executable, __file__, "--one", contender, "--workdir", str(workdir), "--result", str(result_path)]
-    start = time.perf_counter()
-    subprocess.run(argv + (["--config", config_path] if config_path else []), cwd=ROOT, check=True)
-    result = json.loads(result_path.read_text()) | {"process_seconds": time.perf_counter() - start}
-    shutil.rmtree(workdir, ignore_errors=True)  # disk: a demo round's store is ~100 MB
-    return result
+def spawn(contender: str, config_path: str | None, runs_dir: Path, label: str) -> dict:
+    """Run one contender in a fresh process and workdir; its result, with the process's wall time. A result kept
+    in `runs_dir` by an earlier, killed benchmark is read back instead (the same run: that config, that label)."""
+    workdir, result_path = runs_dir / label, runs_dir / f"{label}.json"
+    if not result_path.exists():
+        shutil.rmtree(workdir, ignore_errors=True)  # a killed run's stages: nothing may come from its cache
+        argv = [sys.executable, __file__, "--one", contender, "--workdir", str(workdir), "--result",
+                str(result_path.with_suffix(".partial"))]
+        start = time.perf_counter()
+        subprocess.run(argv + (["--config", config_path] if config_path else []), cwd=ROOT, check=True)
+        partial = result_path.with_suffix(".partial")
+        result = json.loads(partial.read_text()) | {"process_seconds": time.perf_counter() - start}
+        result_path.write_text(json.dumps(result))
+        partial.unlink()
+        shutil.rmtree(workdir, ignore_errors=True)  # disk: a demo round's store is ~100 MB
+    return json.loads(result_path.read_text())
 
 
 # ---------------------------------------------------------------- the measurement and its report
 
 
-def measure(config_path: str | None, repeats: int) -> dict[str, list[dict]]:
-    """`repeats` runs of each contender, alternating, the one that goes first swapped every repeat."""
+def measure(config_path: str | None, repeats: int, runs_dir: Path | None) -> dict[str, list[dict]]:
+    """`repeats` runs of each contender, alternating, the one that goes first swapped every repeat; each run's
+    result kept in `runs_dir` (default: a temporary directory), so a killed benchmark resumes there."""
     runs: dict[str, list[dict]] = {c: [] for c in CONTENDERS}
     with tempfile.TemporaryDirectory(prefix="orchestration-overhead-") as tmp:
+        folder = runs_dir or Path(tmp)
+        folder.mkdir(parents=True, exist_ok=True)
         for repeat in range(repeats):
             order = CONTENDERS if repeat % 2 == 0 else CONTENDERS[::-1]
             for contender in order:
                 print(f"== repeat {repeat + 1}/{repeats}: {contender}", flush=True)
-                runs[contender].append(spawn(contender, config_path, Path(tmp), f"{contender}-{repeat}"))
+                runs[contender].append(spawn(contender, config_path, folder, f"{contender}-{repeat}"))
     return runs
 
 
@@ -406,6 +416,8 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     add_run_arguments(parser, "orchestration-overhead.json")
     parser.add_argument("--repeats", type=int, default=3, help="runs of each contender")
+    parser.add_argument("--runs-dir", type=Path, default=None, help="keep each run's result here; a re-run with the "
+                        "same config reads back the runs it holds (default: a temporary directory)")
     parser.add_argument("--one", choices=CONTENDERS, help=argparse.SUPPRESS)  # a single run, in this process
     args = parser.parse_args(argv)
     if args.one:
@@ -414,7 +426,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.repeats < 1:
         parser.error("--repeats must be >= 1")
     args.argv, args.load_at_start = list(sys.argv[1:] if argv is None else argv), os.getloadavg()[0]
-    result = summarise(measure(args.config, args.repeats), args)
+    result = summarise(measure(args.config, args.repeats, args.runs_dir), args)
     text = section(result)
     write_outputs(result, args.json, args.doc, text, SECTION_START, SECTION_END)
     print(text)

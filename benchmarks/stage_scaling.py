@@ -128,18 +128,25 @@ def run_size(config_path: str | None, scale: float, workdir: Path, result_path: 
     result_path.write_text(json.dumps({"scale": scale, "sizes": sizes, "n_pairs": n_pairs, "stages": stages}))
 
 
-def measure(config_path: str | None, base_scale: float, factors: list[float]) -> list[dict]:
-    """Each size in a fresh process and workdir, smallest first."""
+def measure(config_path: str | None, base_scale: float, factors: list[float], runs_dir: Path | None) -> list[dict]:
+    """Each size in a fresh process and workdir, smallest first; each size's result kept in `runs_dir` (default: a
+    temporary directory), so a killed benchmark resumes there with the sizes it has not run."""
     results = []
     with tempfile.TemporaryDirectory(prefix="stage-scaling-") as tmp:
+        folder = runs_dir or Path(tmp)
+        folder.mkdir(parents=True, exist_ok=True)
         for factor in factors:
-            workdir, result_path = Path(tmp) / f"x{factor:g}", Path(tmp) / f"x{factor:g}.json"
-            argv = [sys.executable, __file__, "--one-scale", str(base_scale * factor), "--workdir", str(workdir),
-                    "--result", str(result_path)] + (["--config", config_path] if config_path else [])
+            scale = base_scale * factor
+            workdir, result_path = folder / f"scale{scale:g}", folder / f"scale{scale:g}.json"
             print(f"== {factor:g}x", flush=True)
-            subprocess.run(argv, cwd=ROOT, check=True)
+            if not result_path.exists():
+                shutil.rmtree(workdir, ignore_errors=True)  # a killed run's workdir
+                argv = [sys.executable, __file__, "--one-scale", str(scale), "--workdir", str(workdir),
+                        "--result", str(result_path.with_suffix(".partial"))]
+                subprocess.run(argv + (["--config", config_path] if config_path else []), cwd=ROOT, check=True)
+                result_path.with_suffix(".partial").rename(result_path)
+                shutil.rmtree(workdir, ignore_errors=True)
             results.append(json.loads(result_path.read_text()) | {"factor": factor})
-            shutil.rmtree(workdir, ignore_errors=True)
     return results
 
 
@@ -260,6 +267,8 @@ def main(argv: list[str] | None = None) -> None:
     add_run_arguments(parser, "stage-scaling.json")
     parser.add_argument("--base-scale", type=float, default=1.0, help="the base size: this times the round's counts")
     parser.add_argument("--factors", type=float, nargs="+", default=[1.0, 2.0, 4.0], help="sizes, times the base")
+    parser.add_argument("--runs-dir", type=Path, default=None, help="keep each size's result here; a re-run with the "
+                        "same config reads back the sizes it holds (default: a temporary directory)")
     parser.add_argument("--one-scale", type=float, help=argparse.SUPPRESS)  # a single size, in this process
     args = parser.parse_args(argv)
     if args.one_scale is not None:
@@ -268,7 +277,7 @@ def main(argv: list[str] | None = None) -> None:
     if sorted(args.factors) != args.factors or min(args.factors) <= 0:
         parser.error("--factors must be positive and increasing")
     args.argv, args.load_at_start = list(sys.argv[1:] if argv is None else argv), os.getloadavg()[0]
-    result = summarise(measure(args.config, args.base_scale, args.factors), args)
+    result = summarise(measure(args.config, args.base_scale, args.factors, args.runs_dir), args)
     figure = args.json.with_suffix(".png")
     result["figure"] = os.path.relpath(figure, args.doc.parent)
     figure.parent.mkdir(parents=True, exist_ok=True)
