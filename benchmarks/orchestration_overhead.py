@@ -2,7 +2,7 @@
 stages called directly; the goal is <= 5 %.
 
     .venv/bin/python benchmarks/orchestration_overhead.py [--config configs/mini.yaml] [--repeats 3]
-        [--json docs/orchestration-overhead.json] [--doc docs/benchmarks.md] [--note TEXT]
+        [--json docs/orchestration-overhead.json] [--doc docs/benchmarks.md] [--note TEXT] [--runs-dir DIR]
 
 orchestrated: `rlhf_round` as `rlhf demo` runs it: Prefect's ephemeral API (started by the run), a local MLflow
 store in the workdir, a fresh workdir, nothing cached.

@@ -2,7 +2,7 @@
 each stage's peak memory.
 
     .venv/bin/python benchmarks/stage_scaling.py [--config configs/mini.yaml] [--base-scale 1.0] [--factors 1 2 4]
-        [--json docs/stage-scaling.json] [--doc docs/benchmarks.md] [--note TEXT]
+        [--json docs/stage-scaling.json] [--doc docs/benchmarks.md] [--note TEXT] [--runs-dir DIR]
 
 Size: the round's prompt counts (SCALED: the pool, the prompts sent to annotation and so the responses and pairs,
 PPO's rollout prompts, the held-out and judged prompts) times base-scale x factor; every other setting is the
