@@ -13,8 +13,11 @@ misspelt one is an error before anything runs), in a fresh workdir under
 rlhf-runs/benchmarks/backbone-depth/ named from the overrides; then trains the default reward-model
 recipe on the raw labels, on the gold labels, and on the pairs denoised (flip_margin, margin) by
 fast-mode votes; prints held-out gold accuracy per pair type and the answer probe, and writes them as
-JSON beside the workdir (same name). Seed 0 with 4 layers and the width and SFT runs are quoted in
-docs/reward-modelling.md section 6 (4 layers: about 6 minutes on 2 cores).
+JSON beside the workdir (same name), its held-out pairs beside it (NAME-eval-pairs.parquet). The held-out
+pairs are the SFT policy's own samples, so another policy is tested on other pairs: `--score-on NAME` also
+scores the raw-label reward model on run NAME's saved held-out pairs (e.g. default-seed0). Seed 0 with 4
+layers, and the width and SFT runs, are quoted in docs/reward-modelling.md section 6 (4 layers: about 6
+minutes on 2 cores).
 """
 
 from __future__ import annotations
@@ -54,10 +57,12 @@ def run_name(layers: int | None, sets: list[str], seed: int) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
+    import pandas as pd
+
     from flows.round import rlhf_round
     from reward_modelling import (add_round_arguments, gold_oriented, rm_report, round_config, round_pairs,
                                   round_voting, round_workdir)
-    from rlhf_core.artifacts import atomic_write_text
+    from rlhf_core.artifacts import atomic_write, atomic_write_text
     from rlhf_core.config import ConfigError, DenoiseConfig
     from rlhf_core.reward.denoise import denoise
     from rlhf_core.reward.train import train_reward_model
@@ -70,6 +75,9 @@ def main(argv: list[str] | None = None) -> None:
                         help="a round-config override (dotted key, YAML value); repeat for more")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--work-dir", default="rlhf-runs/benchmarks/backbone-depth")
+    parser.add_argument("--score-on", nargs="*", default=[], metavar="NAME",
+                        help="runs (e.g. default-seed0) on whose saved held-out pairs the raw-label model is also "
+                        "scored")
     add_round_arguments(parser)
     args = parser.parse_args(argv)
     overrides = round_overrides(args.layers, args.sets)
@@ -79,10 +87,16 @@ def main(argv: list[str] | None = None) -> None:
         cfg = round_config(args.config, args.seed, work, tuple(overrides))
     except ConfigError as err:  # a misspelt key or a bad value, before anything runs
         raise SystemExit(str(err)) from None
+    work_dir = Path(args.work_dir)
+    missing = [other for other in args.score_on if not (work_dir / f"{other}-eval-pairs.parquet").is_file()]
+    if missing:
+        raise SystemExit(f"--score-on {' '.join(missing)}: no {work_dir}/NAME-eval-pairs.parquet (run NAME first)")
+    other_pairs = {other: pd.read_parquet(work_dir / f"{other}-eval-pairs.parquet") for other in args.score_on}
     t0 = time.time()
     policy, pairs, eval_pairs = round_pairs(rlhf_round(config=cfg, stop_after="import_annotations")["artifacts"],
                                             args.seed)
 
+    atomic_write(work_dir / f"{name}-eval-pairs.parquet", lambda f: eval_pairs.to_parquet(f, index=False))
     out = {"layers": cfg.policy_model.num_hidden_layers, "overrides": overrides, "seed": args.seed,
            "round seconds": time.time() - t0}
     for label, train in (("raw labels", pairs), ("gold labels", gold_oriented(pairs))):
@@ -90,6 +104,9 @@ def main(argv: list[str] | None = None) -> None:
         model, tok, _ = train_reward_model(policy, train, cfg.reward.train, seed=args.seed)
         out[label] = rm_report(model, tok, eval_pairs, cfg.reward.train) | {"seconds": time.time() - t0}
         print(label, out[label], flush=True)
+        if label == "raw labels":
+            for other, held_out in other_pairs.items():
+                out[f"raw labels on {other}'s held-out pairs"] = rm_report(model, tok, held_out, cfg.reward.train)
     votes, _ = vote(policy, pairs, round_voting(cfg, {"mode": "fast"}), seed=args.seed)
     out["flip report"] = flip_report(pairs, denoise(pairs, votes, DenoiseConfig(method="flip"))[0])
     for method in ("flip_margin", "margin"):
@@ -97,7 +114,7 @@ def main(argv: list[str] | None = None) -> None:
         model, tok, _ = train_reward_model(policy, denoised, cfg.reward.train, seed=args.seed)
         out[method] = rm_report(model, tok, eval_pairs, cfg.reward.train)
         print(method, out[method], flush=True)
-    atomic_write_text(Path(args.work_dir) / f"{name}.json", json.dumps(out, indent=1))
+    atomic_write_text(work_dir / f"{name}.json", json.dumps(out, indent=1))
 
 
 if __name__ == "__main__":

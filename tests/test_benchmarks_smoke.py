@@ -269,10 +269,15 @@ def test_demo_round_times_every_stage(shared_round):
 
 @pytest.mark.slow
 def test_reward_backbone_depth_on_the_shared_round(shared_round):
+    import pandas as pd
+
     result = json.loads((run("reward_backbone_depth", shared_round) / "layers1-seed0.json").read_text())
     assert (result["layers"], result["seed"]) == (1, 0)
     for name in ("raw labels", "gold labels", "flip_margin", "margin"):
         assert_accuracies(result[name])
+    kept = pd.read_parquet(shared_round / "reward_backbone_depth" / "layers1-seed0-eval-pairs.parquet")
+    assert list(kept.columns) == ["prompt", "chosen", "rejected"]  # the held-out pairs it scored, for --score-on
+    assert len(kept) == sum(n for key, n in result["raw labels"].items() if key.startswith("n_"))
     assert 0.0 <= result["flip report"]["gold_agreement_before_excl_gold_ties"] <= 1.0
 
 
@@ -290,6 +295,8 @@ def test_reward_backbone_depth_names_its_run_from_the_overrides_and_refuses_a_ba
         main(["--set", "sft.steps=many", *work])
     with pytest.raises(SystemExit, match="seed is the benchmark's own"):
         main(["--set", "seed=1", *work])
+    with pytest.raises(SystemExit, match="--score-on default-seed0: no .*NAME-eval-pairs.parquet"):
+        main(["--score-on", "default-seed0", *work])
     assert not list(tmp_path.iterdir())  # no round started
 
 
