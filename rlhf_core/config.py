@@ -79,7 +79,11 @@ class SFTConfig(StrictModel):
     the reference of every round's KL penalty and judging)."""
 
     demos_per_prompt: int = Field(3, ge=1, description="demonstrations drawn per prompt of the world's pool")
-    steps: int = Field(1200, ge=1, description="optimiser steps")
+    steps: int = Field(
+        4800, ge=1, description="optimiser steps; 4800 (not 1200) because the reward models and voters start from "
+        "this policy and read correctness from its log-likelihood, which a shorter run leaves blurred over the "
+        "near misses (docs/reward-modelling.md section 7)",
+    )
     batch_size: int = Field(32, ge=1, description="demonstrations per step")
     lr: float = Field(3e-3, gt=0, description="AdamW learning rate")
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 import time
 
+import numpy as np
 import pandas as pd
 import torch
 from tqdm.auto import tqdm
@@ -49,6 +50,26 @@ def collate(examples: list[tuple[list[int], int]], pad_token_id: int) -> dict[st
         attention_mask[i, : len(ids)] = 1
         labels[i, n_query : len(ids)] = torch.tensor(ids[n_query:])
     return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}
+
+
+@torch.no_grad()
+def response_logprobs(policy: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, prompts: list[str],
+                      responses: list[str], batch_size: int = 64) -> np.ndarray:
+    """(N,) sum over each response's tokens and eos of log pi(token | query, earlier tokens): the negative of
+    what `train_sft` minimises, per example and summed rather than averaged (no gradients, eval mode)."""
+    policy.eval()
+    device = next(policy.parameters()).device
+    out = []
+    for i in range(0, len(prompts), batch_size):
+        batch = collate([encode_example(tokenizer, p, r) for p, r in zip(prompts[i : i + batch_size],
+                                                                         responses[i : i + batch_size])],
+                        tokenizer.pad_token_id)
+        batch = {k: v.to(device) for k, v in batch.items()}
+        logits = policy(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits[:, :-1]
+        labels = batch["labels"][:, 1:]  # (B, T-1): position t predicts token t+1
+        logp = torch.log_softmax(logits.float(), dim=-1).gather(-1, labels.clamp(min=0).unsqueeze(-1)).squeeze(-1)
+        out.append((logp * (labels != IGNORE_INDEX)).sum(dim=1).cpu().numpy())
+    return np.concatenate(out) if out else np.zeros(0)
 
 
 def lr_factor(step: int, total_steps: int) -> float:

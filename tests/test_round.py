@@ -46,6 +46,9 @@ def test_parent_and_nested_runs(two_rounds):
     assert {r.data.tags["rlhf.stage"] for r in children} == STAGES and len(children) == len(STAGES)
     assert all(r.data.tags["rlhf.cache"] == "miss" and r.info.status == "FINISHED" for r in children)
     assert all(r.data.tags["prefect.task_run_id"] for r in children)
+    sft = next(r for r in children if r.data.tags["rlhf.stage"] == "sft").data.metrics
+    assert 0.0 <= sft["sft/probe/top1_correct"] <= 1.0  # how sharply the policy the reward models start from knows
+    assert math.isfinite(sft["sft/probe/gap_right_vs_off1"]) and math.isfinite(sft["sft/probe/gap_off1_vs_off2"])
 
 
 def test_inputs_logged_with_full_content_digests(two_rounds):

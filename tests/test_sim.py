@@ -15,7 +15,7 @@ from rlhf_core import models
 from rlhf_core.config import PolicyModelConfig, SFTConfig, WorldConfig
 from rlhf_core.schemas import validate_table
 from rlhf_core.sim.annotators import gold_agreement, simulate_label_studio_export
-from rlhf_core.sft import collate, encode_example, train_sft
+from rlhf_core.sft import collate, encode_example, response_logprobs, train_sft
 from rlhf_core.sim.world import (
     demonstrate,
     gold_score,
@@ -247,6 +247,20 @@ def test_sft_loss_falls_and_is_deterministic(one_thread):
     assert metrics["sft/loss_final"] == metrics2["sft/loss_final"]
     assert all(torch.equal(a, b) for a, b in zip(policy.parameters(), policy2.parameters()))
     assert not policy.training
+
+
+def test_response_logprobs_are_the_sft_loss_summed_per_example(one_thread):
+    tok = models.build_tokenizer()
+    policy = models.build_policy(PolicyModelConfig(), tok, seed=0)
+    prompts, responses = ["What is 1+1?", "Compute 3-4. Be brief."], [" It is 2.", " -1"]
+    got = response_logprobs(policy, tok, prompts, responses, batch_size=1)
+    for prompt, response, logprob in zip(prompts, responses, got):
+        ids, n_query = encode_example(tok, prompt, response)
+        batch = collate([(ids, n_query)], tok.pad_token_id)
+        with torch.no_grad():  # transformers' mean cross-entropy over the labelled positions (response + eos)
+            loss = policy(**batch).loss.item()
+        assert logprob == pytest.approx(-loss * (len(ids) - n_query), rel=1e-5)
+    assert response_logprobs(policy, tok, prompts, responses) == pytest.approx(got, rel=1e-5)  # batching
 
 
 @pytest.mark.slow

@@ -80,6 +80,16 @@ def test_answer_probe_tells_verification_from_a_number_prior():
     assert v["r2_distance"] == pytest.approx(1.0) and v["top1_correct"] == 1.0 and v["r2_number"] < 0.3
     n = answer_probe(number_prior)
     assert n["r2_number"] == pytest.approx(1.0) and n["top1_correct"] < 0.2
+    assert (v["gap_right_vs_off1"], v["gap_off1_vs_off2"]) == (pytest.approx(1.0), pytest.approx(1.0))
+
+
+def test_answer_probe_gaps_read_how_near_misses_are_graded():
+    def gold_correctness(prompts, responses):  # gold's correctness term: 2 * 2 ** -|n - truth|
+        return np.array([2.0 * 2.0 ** -abs(int(r.split()[-1].rstrip(".")) - parse_prompt(p).truth)
+                         for p, r in zip(prompts, responses)])
+
+    g = answer_probe(gold_correctness)
+    assert (g["gap_right_vs_off1"], g["gap_off1_vs_off2"]) == (pytest.approx(1.0), pytest.approx(0.5))
 
 
 def test_prompt_sampling_keeps_the_answers_distribution():

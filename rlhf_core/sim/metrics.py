@@ -100,7 +100,11 @@ def answer_probe(score: Callable[[list[str], list[str]], np.ndarray], max_operan
     problem and every n within the answers' range.
 
     Returns r2_number (share of the reward's variance explained by n alone), r2_distance (by
-    |n - truth| alone), and top1_correct (problems whose highest-reward n is the truth).
+    |n - truth| alone), top1_correct (problems whose highest-reward n is the truth), and how the reward
+    grades near misses, averaged over problems: gap_right_vs_off1 = score(truth) - mean score at |n - truth| = 1,
+    gap_off1_vs_off2 = mean at distance 1 - mean at distance 2. Gold's correctness term gives 1.0 and 0.5
+    (it halves with each unit of distance); a reward whose second gap is the larger (a policy's log-likelihood
+    that spreads its mass over the near misses) cannot weigh a near miss against a style tag as gold does.
     """
     problems = [f"What is {a}{op}{b}?" for a in range(max_operand + 1) for op in ops for b in range(max_operand + 1)]
     truths = [parse_prompt(p).truth for p in problems]
@@ -115,7 +119,10 @@ def answer_probe(score: Callable[[list[str], list[str]], np.ndarray], max_operan
         return float(1 - ((df["reward"] - fitted) ** 2).sum() / total) if total > 0 else float("nan")
 
     best = df.loc[df.groupby("prompt")["reward"].idxmax()]
-    return {"r2_number": r2("n"), "r2_distance": r2("distance"), "top1_correct": float(best["correct"].mean())}
+    by_distance = df.groupby(["prompt", "distance"])["reward"].mean().unstack()  # (problems, distances)
+    return {"r2_number": r2("n"), "r2_distance": r2("distance"), "top1_correct": float(best["correct"].mean()),
+            "gap_right_vs_off1": float((by_distance[0] - by_distance[1]).mean()),
+            "gap_off1_vs_off2": float((by_distance[1] - by_distance[2]).mean())}
 
 
 def mean_gold(prompts, responses) -> float:
