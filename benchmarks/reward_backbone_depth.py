@@ -12,12 +12,13 @@ Runs the round up to the imported comparisons with the round-config overrides (`
 misspelt one is an error before anything runs), in a fresh workdir under
 rlhf-runs/benchmarks/backbone-depth/ named from the overrides; then trains the default reward-model
 recipe on the raw labels, on the gold labels, and on the pairs denoised (flip_margin, margin) by
-fast-mode votes; prints held-out gold accuracy per pair type and the answer probe, and writes them as
-JSON beside the workdir (same name), its held-out pairs beside it (NAME-eval-pairs.parquet). The held-out
-pairs are the SFT policy's own samples, so another policy is tested on other pairs: `--score-on NAME` also
-scores the raw-label reward model on run NAME's saved held-out pairs (e.g. default-seed0). Seed 0 with 4
-layers, and the width and SFT runs, are quoted in docs/reward-modelling.md section 6 (4 layers: about 6
-minutes on 2 cores).
+fast-mode votes; prints held-out gold accuracy per pair type and the answer probe (of each reward model,
+and of the SFT policy's own log-likelihood: "sft probe"), and writes them as JSON beside the workdir (same
+name), its held-out pairs beside it (NAME-eval-pairs.parquet). The held-out pairs are the SFT policy's own
+samples, so another policy is tested on other pairs: `--score-on NAME` also scores the raw-label reward model
+on run NAME's saved held-out pairs (e.g. sft.steps1200-seed0). Seed 0 with 4 layers is quoted in
+docs/reward-modelling.md section 6 (about 6 minutes on 2 cores), the SFT lengths (--set sft.steps=1200 / 2400
+/ 4800, seeds 0-2) in its section 7.
 """
 
 from __future__ import annotations
@@ -54,6 +55,17 @@ def run_name(layers: int | None, sets: list[str], seed: int) -> str:
     parts = [] if layers is None else [f"layers{layers}"]
     parts += [re.sub(r"[^A-Za-z0-9._-]", "_", item.replace("=", "", 1).replace(" ", "")) for item in sets]
     return "-".join(parts or ["default"]) + f"-seed{seed}"
+
+
+def sft_probe(policy_dir, cfg) -> dict[str, float]:
+    """`answer_probe` of the SFT policy's own log-likelihood (what the sft stage logs as sft/probe/*)."""
+    from rlhf_core import models
+    from rlhf_core.sft import response_logprobs
+    from rlhf_core.sim.metrics import answer_probe
+
+    policy, tokenizer = models.load_policy(policy_dir), models.load_tokenizer(policy_dir)
+    return answer_probe(lambda p, r: response_logprobs(policy, tokenizer, p, r), cfg.world.max_operand,
+                        tuple(cfg.world.operations))
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -98,7 +110,7 @@ def main(argv: list[str] | None = None) -> None:
 
     atomic_write(work_dir / f"{name}-eval-pairs.parquet", lambda f: eval_pairs.to_parquet(f, index=False))
     out = {"layers": cfg.policy_model.num_hidden_layers, "overrides": overrides, "seed": args.seed,
-           "round seconds": time.time() - t0}
+           "round seconds": time.time() - t0, "sft probe": sft_probe(policy, cfg)}
     for label, train in (("raw labels", pairs), ("gold labels", gold_oriented(pairs))):
         t0 = time.time()
         model, tok, _ = train_reward_model(policy, train, cfg.reward.train, seed=args.seed)

@@ -273,6 +273,7 @@ def test_reward_backbone_depth_on_the_shared_round(shared_round):
 
     result = json.loads((run("reward_backbone_depth", shared_round) / "layers1-seed0.json").read_text())
     assert (result["layers"], result["seed"]) == (1, 0)
+    assert 0.0 <= result["sft probe"]["top1_correct"] <= 1.0  # the SFT policy's own log-likelihood, probed
     for name in ("raw labels", "gold labels", "flip_margin", "margin"):
         assert_accuracies(result[name])
     kept = pd.read_parquet(shared_round / "reward_backbone_depth" / "layers1-seed0-eval-pairs.parquet")
