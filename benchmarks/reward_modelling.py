@@ -266,7 +266,9 @@ def meta_section(art: dict, pairs, eval_pairs, cfg, seed: int) -> dict:
     return out
 
 
-SHIFT_PPO = {"kl_coef": 0.05, "ptx_coef": 0.0}  # a PPO that drifts: the distribution MetaRM is for
+# A PPO that drifts, the distribution MetaRM is for: 10x the demo's policy lr and no KL penalty. (It was
+# kl_coef 0.05 and no ptx, which became the PPO-max defaults, so 4b silently re-ran the round's own PPO.)
+SHIFT_PPO = {"policy_lr": 1e-4, "kl_coef": 0.0}
 
 
 def run_meta_shift(cfg) -> dict:
@@ -274,7 +276,10 @@ def run_meta_shift(cfg) -> dict:
     from flows.round import rlhf_round
 
     seed = cfg.seed
-    cfg = cfg.model_copy(update={"ppo": cfg.ppo.model_copy(update=SHIFT_PPO)})
+    shifted = cfg.ppo.model_copy(update=SHIFT_PPO)
+    if shifted == cfg.ppo:
+        raise ValueError(f"SHIFT_PPO {SHIFT_PPO} is the round's own PPO config: section 4b would measure no shift")
+    cfg = cfg.model_copy(update={"ppo": shifted})
     summary = rlhf_round(config=cfg, stop_after="evaluate")
     art = summary["artifacts"]
     _, pairs, eval_pairs = round_pairs(art, seed)
