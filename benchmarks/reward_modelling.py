@@ -359,8 +359,8 @@ def write_report(results: list[dict], out: Path, figure_dir: Path, seconds: floa
         "",
         f"Measured {datetime.now(timezone.utc):%Y-%m-%d} by `benchmarks/reward_modelling.py`, seeds {seeds}, "
         f"{os.cpu_count()} cores ({platform.machine()}), torch {torch.__version__}, no GPU; this invocation "
-        f"{seconds / 60:.0f} min (seeds finished earlier are read from --work-dir; one seed "
-        "takes about 13 min for sections 1-4 and 4 min each for 4b and 5).",
+        f"{seconds / 60:.0f} min (seeds finished earlier are read from --work-dir; the seconds in the tables are "
+        "each run's own).",
         f"Pairs per seed: {[r['n_pairs'] for r in results]} annotated; held-out gold pairs: "
         f"{[r['n_eval_pairs'] for r in results]}. Cells: mean over seeds (min..max). Gold-tied pairs are left out "
         "of every agreement and accuracy.",
