@@ -58,14 +58,12 @@ def run_name(layers: int | None, sets: list[str], seed: int) -> str:
 
 
 def sft_probe(policy_dir, cfg) -> dict[str, float]:
-    """`answer_probe` of the SFT policy's own log-likelihood (what the sft stage logs as sft/probe/*)."""
+    """The SFT policy's `policy_answer_probe` (what the sft stage logs as sft/probe/*)."""
     from rlhf_core import models
-    from rlhf_core.sft import response_logprobs
-    from rlhf_core.sim.metrics import answer_probe
+    from rlhf_core.sim.metrics import policy_answer_probe
 
-    policy, tokenizer = models.load_policy(policy_dir), models.load_tokenizer(policy_dir)
-    return answer_probe(lambda p, r: response_logprobs(policy, tokenizer, p, r), cfg.world.max_operand,
-                        tuple(cfg.world.operations))
+    return policy_answer_probe(models.load_policy(policy_dir), models.load_tokenizer(policy_dir),
+                               cfg.world.max_operand, tuple(cfg.world.operations))
 
 
 def main(argv: list[str] | None = None) -> None:

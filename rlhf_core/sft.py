@@ -22,6 +22,7 @@ from transformers import PreTrainedTokenizerBase
 
 from rlhf_core.config import SFTConfig
 from rlhf_core.models import format_query
+from rlhf_core.ops import logprobs_from_logits
 
 IGNORE_INDEX = -100  # label of positions the loss skips (the query, padding)
 WARMUP_FRACTION = 0.05  # of the steps, linear warmup from 0
@@ -67,7 +68,7 @@ def response_logprobs(policy: torch.nn.Module, tokenizer: PreTrainedTokenizerBas
         batch = {k: v.to(device) for k, v in batch.items()}
         logits = policy(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits[:, :-1]
         labels = batch["labels"][:, 1:]  # (B, T-1): position t predicts token t+1
-        logp = torch.log_softmax(logits.float(), dim=-1).gather(-1, labels.clamp(min=0).unsqueeze(-1)).squeeze(-1)
+        logp = logprobs_from_logits(logits.float(), labels.clamp(min=0))  # (B, T-1); ignored positions masked next
         out.append((logp * (labels != IGNORE_INDEX)).sum(dim=1).cpu().numpy())
     return np.concatenate(out) if out else np.zeros(0)
 

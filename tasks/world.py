@@ -15,8 +15,8 @@ from rlhf_core import models
 from rlhf_core.artifacts import ArtifactRef, content_digest
 from rlhf_core.config import PolicyModelConfig, SFTConfig, WorldConfig
 from rlhf_core.schemas import read_table, write_table
-from rlhf_core.sft import response_logprobs, train_sft
-from rlhf_core.sim.metrics import answer_probe
+from rlhf_core.sft import train_sft
+from rlhf_core.sim.metrics import policy_answer_probe
 from rlhf_core.sim.world import make_demonstrations, make_prompt_pool
 from tasks.common import RunContext, StageRun, run_stage
 
@@ -59,8 +59,7 @@ def train_sft_policy(ctx: RunContext, world: WorldConfig, model_cfg: PolicyModel
             tokenizer, policy = models.load_tokenizer(pretrained), models.load_policy(pretrained)
         metrics = train_sft(policy, tokenizer, demos, cfg, seed=seed, progress=True)
         # how sharply the policy knows the answers: the reward models read correctness from its log-likelihood
-        probe = answer_probe(lambda p, r: response_logprobs(policy, tokenizer, p, r), world.max_operand,
-                             tuple(world.operations))
+        probe = policy_answer_probe(policy, tokenizer, world.max_operand, tuple(world.operations))
         metrics.update({f"sft/probe/{k}": v for k, v in probe.items()})
         models.save_hf(policy, tokenizer, out)
         demos.to_parquet(out / "demonstrations.parquet", index=False)  # PPO's ptx loss reads them

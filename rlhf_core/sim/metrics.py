@@ -125,6 +125,15 @@ def answer_probe(score: Callable[[list[str], list[str]], np.ndarray], max_operan
             "gap_off1_vs_off2": float((by_distance[1] - by_distance[2]).mean())}
 
 
+def policy_answer_probe(policy, tokenizer, max_operand: int = 4, ops: tuple[str, ...] = ("+", "-")
+                        ) -> dict[str, float]:
+    """`answer_probe` of a policy's own log-likelihood of each answer (`rlhf_core.sft.response_logprobs`): how
+    sharply the policy the reward models start from knows the answers (the sft stage logs it as sft/probe/*)."""
+    from rlhf_core.sft import response_logprobs
+
+    return answer_probe(lambda p, r: response_logprobs(policy, tokenizer, p, r), max_operand, ops)
+
+
 def mean_gold(prompts, responses) -> float:
     return float(np.mean([gold_score(p, r) for p, r in zip(prompts, responses)]))
 
