@@ -176,7 +176,8 @@ def run_seed(cfg) -> dict:
     summary = rlhf_round(config=cfg)
     art = summary["artifacts"]
     policy, pairs, eval_pairs = round_pairs(art, seed)
-    result: dict = {"seed": seed, "n_pairs": len(pairs), "n_eval_pairs": len(eval_pairs), "recipes": {},
+    result: dict = {"seed": seed, "round headline": summary.get("headline"), "n_pairs": len(pairs),
+                    "n_eval_pairs": len(eval_pairs), "recipes": {},
                     "schemes": {}, "methods": {}}
 
     for name, overrides in RECIPES.items():
