@@ -7,6 +7,7 @@ import os
 import socket
 import subprocess
 import time
+import urllib.error
 import urllib.parse
 import urllib.request
 from pathlib import Path
@@ -60,12 +61,25 @@ def services(tmp_path_factory):
         run("stop")
 
 
-def _http_json(url: str, body: dict | None = None) -> dict:
+# Prefect's server answers 503 when its SQLite database is busy (a retryable error by its own account),
+# and Prefect's client retries 408/429/502/503 with backoff; this test's raw HTTP does the same, or a
+# loaded 2-core CI machine fails it on a transient "Service Unavailable" (seen once in CI).
+_RETRYABLE_STATUS = {408, 429, 502, 503}
+
+
+def _http_json(url: str, body: dict | None = None, attempts: int = 6) -> dict:
     data = None if body is None else json.dumps(body).encode()
-    request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"},
-                                     method="GET" if body is None else "POST")
-    with urllib.request.urlopen(request, timeout=30) as response:
-        return json.loads(response.read())
+    for attempt in range(attempts):
+        request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"},
+                                         method="GET" if body is None else "POST")
+        try:
+            with urllib.request.urlopen(request, timeout=30) as response:
+                return json.loads(response.read())
+        except urllib.error.HTTPError as err:
+            if err.code not in _RETRYABLE_STATUS or attempt == attempts - 1:
+                raise
+            time.sleep(2 ** attempt)
+    raise AssertionError("unreachable")
 
 
 @pytest.mark.skipif(not Path("/proc").exists(), reason="reads /proc")
