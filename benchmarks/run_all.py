@@ -29,6 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 MINI = ROOT / "configs" / "mini.yaml"
 HH_PAIRS = ROOT.parent / "shared/data/hh-rlhf-harmless-base/pairs.jsonl.gz"
 SMOKE_HH_PAIRS = 20  # synthetic HH-RLHF pairs: an 80/20 split leaves 4 held out
+SMOKE_LABEL_SOURCES = ("baseline", "gold", "flip_paper_ls0.1", "v2:drop0.2@weighted")  # every part of a source name
 SMOKE_PPO_RUNS = ("ppo-max", "vanilla", "no KL, baseline RM")  # both reward models, both presets
 
 # name -> the arguments of its default-size run (docs/ outputs are each script's defaults)
@@ -42,6 +43,7 @@ DEFAULTS = {
     "reward_modelling": [],
     "reward_read": [],
     "reward_ensemble": [],
+    "reward_label_sources": [],
     "reward_backbone_depth": ["--layers", "4"],  # the run docs/reward-modelling.md quotes
     "reward_data_budget": [],
     "ppo_max": [],
@@ -84,6 +86,8 @@ def smoke_argv(name: str, out: Path) -> list[str]:
         "reward_read": [*seed0_round, "--out", str(own / "reward-read-benchmark.md")],
         "reward_ensemble": [*seed0_round, "--members", "2", "--gold-members", "2",
                             "--out", str(own / "reward-ensemble.md")],
+        "reward_label_sources": [*seed0_round, "--model-seeds", "0", "1", "--sources", *SMOKE_LABEL_SOURCES,
+                                 "--out", str(own / "reward-label-sources.md")],
         "reward_backbone_depth": ["--layers", "1", "--seed", "0", "--config", str(MINI), "--rounds-dir", str(rounds),
                                   "--work-dir", str(own)],  # 1 layer: configs/mini.yaml's own, so the shared round
         "reward_data_budget": [*seed0_round, "--variants", "demo", "flip-type noise",

@@ -317,6 +317,33 @@ def test_reward_ensemble_members_and_their_means(shared_round):
 
 
 @pytest.mark.slow
+def test_reward_label_sources_every_source_and_model_seed(shared_round):
+    from rlhf_core.sim.metrics import gold_agreement_of_pairs
+
+    folder = run("reward_label_sources", shared_round)
+    rows = json.loads((folder / "reward-label-sources.json").read_text())
+    assert sorted((r["source"], r["model_seed"]) for r in rows) == sorted(
+        (s, m) for s in run_all.SMOKE_LABEL_SOURCES for m in (0, 1))
+    for row in rows:
+        assert_accuracies(row)
+    by = {(r["source"], r["model_seed"]): r for r in rows}
+    assert by[("gold", 0)]["label_accuracy"] == 1.0
+    assert by[("v2:drop0.2@weighted", 0)]["n"] < by[("baseline", 0)]["n"]  # pairs near z = 0 dropped
+    # the baseline's labels are the annotators': its label accuracy is the round's raw gold agreement
+    from flows.round import rlhf_round
+    from reward_modelling import round_config, round_pairs
+
+    cfg = round_config(str(run_all.MINI), 0, shared_round / "rounds" / "round-seed0")
+    _, pairs, _ = round_pairs(rlhf_round(config=cfg, stop_after="import_annotations")["artifacts"], 0)
+    assert by[("baseline", 0)]["label_accuracy"] == pytest.approx(gold_agreement_of_pairs(pairs))
+    text = (folder / "reward-label-sources.md").read_text()
+    assert [r[0] for r in table(text, "| source | what |")] == list(run_all.SMOKE_LABEL_SOURCES)
+    assert table(text, "| source | what |")[0][3].startswith("+0.0")  # the baseline against itself
+    assert (folder / "votes-v2-seed0.parquet").is_file()
+    kept_and_read_back("reward_label_sources", shared_round, sorted((folder / "seed0").glob("*.json")))
+
+
+@pytest.mark.slow
 def test_reward_read_voters_and_final_models(shared_round):
     import reward_read
 

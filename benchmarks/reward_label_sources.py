@@ -1,0 +1,231 @@
+"""Which training labels, built from the round's votes, make the best final reward model? Each over several
+model seeds, because one reward model's seed moves held-out accuracy by about a point: writes
+docs/reward-label-sources.md (+ .json).
+
+    .venv/bin/python benchmarks/reward_label_sources.py [--seeds 0 1 2] [--model-seeds 0 100]
+        [--sources NAME ...] [--config configs/mini.yaml] [--rounds-dir DIR]
+
+Per seed, the round runs up to its votes (from the cache when it ran before: pass the --rounds-dir of the
+reward-modelling benchmark). Each source of SOURCES builds training pairs from the round's imported
+comparisons and votes; the round's reward recipe (`reward.train`) is trained on them once per model seed
+(train seed = seed + model seed: model seed 0 is the reward-modelling benchmark's own model) and scored on
+the held-out gold pairs overall and per pair type. A source is written `[voters:]labels[@read]`:
+
+- labels: how the pairs are labelled (LABELS);
+- voters: whose votes (VOTERS; default the round's own, faithful in-sample, 10 one-epoch voters);
+- read: `@weighted` trains the final model with `read: end_token+weighted_logprob` (default the round's read).
+
+Every finished (seed, source, model seed) is kept as JSON in --work-dir (votes of other voters as parquet),
+so a killed run resumes and more sources or model seeds add to the same table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+import numpy as np
+
+os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+sys.path.insert(0, str(Path(__file__).parent))
+
+from reward_modelling import (PAPER_BAND, TYPES, _cell, add_round_arguments, gold_oriented,  # noqa: E402
+                              round_config, round_pairs, round_workdir)
+
+LABELS = {  # name -> what it is (the builder is `training_pairs`)
+    "baseline": "the annotators' labels as they are (Bradley-Terry baseline)",
+    "gold": "gold-oriented labels, gold ties dropped (the ceiling)",
+    "flip_paper": "flip, the paper's rule: reverse every pair with mean strength < 0",
+    "flip_sym": "flip, the round's rule: reverse pairs with z <= -0.1 (symmetric band)",
+    "flip_paper_ls0.1": "flip (paper rule), then label smoothing 0.1 on every pair (reward.train.label_smoothing)",
+    "flipsoft2": "flip (paper rule); a flipped pair's target is sigmoid(2 |z|) instead of the annotators' p",
+    "distill2": "no flip; every pair's target is the ensemble's sigmoid(2 z) (distilling the votes)",
+    "drop0.2": "flip (paper rule), then drop the pairs with |z| < 0.2",
+    "drop0.4": "flip (paper rule), then drop the pairs with |z| < 0.4",
+}
+VOTERS = {  # prefix -> voting.train overrides of the other voters (faithful in-sample, 10 voters)
+    "wv": {"read": "end_token+weighted_logprob"},
+    "v2": {"epochs": 2},
+}
+SOURCES = ("baseline", "gold", "flip_paper", "flip_paper_ls0.1", "flipsoft2", "distill2", "drop0.2", "drop0.4",
+           "baseline@weighted", "flip_paper@weighted", "gold@weighted", "wv:flip_paper", "wv:flip_paper@weighted",
+           "v2:flip_paper")
+
+
+def _sigmoid(x):
+    return 1.0 / (1.0 + np.exp(-x))
+
+
+def training_pairs(labels: str, pairs, votes, train_cfg):
+    """(training pairs, reward.train config) of one LABELS entry, from the comparisons and a votes table."""
+    from rlhf_core.config import DenoiseConfig
+    from rlhf_core.reward.denoise import denoise
+    from rlhf_core.reward.voting import bucket
+
+    votes = votes.copy()
+    scale = float(votes["mean"].std(ddof=0))
+    votes["z"] = votes["mean"] / scale
+    paper = votes.copy()
+    paper["bucket"] = bucket(votes["mean"].to_numpy(), PAPER_BAND["ambiguous_band"], scale, symmetric=False)
+    flipped = denoise(pairs, paper, DenoiseConfig(method="flip"))[0]
+    if labels == "baseline":
+        return pairs, train_cfg
+    if labels == "gold":
+        return gold_oriented(pairs), train_cfg
+    if labels == "flip_paper":
+        return flipped, train_cfg
+    if labels == "flip_sym":
+        return denoise(pairs, votes, DenoiseConfig(method="flip"))[0], train_cfg
+    if labels == "flip_paper_ls0.1":
+        return flipped, train_cfg.model_copy(update={"label_smoothing": 0.1})
+    if labels == "flipsoft2":
+        out = flipped.copy()
+        out["soft_label"] = np.where(out["flipped"], _sigmoid(2 * np.abs(out["z"])), out["soft_label"].fillna(1.0))
+        return out, train_cfg
+    if labels == "distill2":
+        out = pairs.copy()
+        out["soft_label"] = _sigmoid(2 * pairs[["pair_id"]].merge(votes, on="pair_id")["z"].to_numpy())
+        return out, train_cfg
+    if labels.startswith("drop"):
+        return flipped[np.abs(flipped["z"]) >= float(labels[len("drop"):])], train_cfg
+    raise ValueError(f"unknown labels {labels!r}; known: {list(LABELS)}")
+
+
+def parse_source(source: str) -> tuple[str | None, str, bool]:
+    """'[voters:]labels[@weighted]' -> (voters prefix or None, labels, weighted read)."""
+    voters, _, rest = source.rpartition(":")
+    labels, _, read = rest.partition("@")
+    if (voters and voters not in VOTERS) or labels not in LABELS or read not in ("", "weighted"):
+        raise ValueError(f"unknown source {source!r}: [{'|'.join(VOTERS)}:]{'|'.join(LABELS)}[@weighted]")
+    return voters or None, labels, read == "weighted"
+
+
+def other_votes(key: str, policy, pairs, cfg, work: Path):
+    """The votes of VOTERS[key] on the round's pairs (kept as parquet in `work`)."""
+    import pandas as pd
+
+    from rlhf_core.reward.voting import vote
+    from reward_modelling import round_voting
+
+    path = work / f"votes-{key}-seed{cfg.seed}.parquet"
+    if not path.exists():
+        vcfg = round_voting(cfg, {"train": cfg.voting.train.model_copy(update=VOTERS[key])})
+        votes, report = vote(policy, pairs, vcfg, seed=cfg.seed)
+        print("voted", key, cfg.seed, report, flush=True)
+        tmp = path.with_suffix(".tmp")
+        votes.to_parquet(tmp)
+        tmp.rename(path)
+    return pd.read_parquet(path)
+
+
+def run_seed(cfg, sources: list[str], model_seeds: list[int], work: Path) -> list[dict]:
+    from flows.round import rlhf_round
+    from rlhf_core.artifacts import atomic_write_text
+    from rlhf_core.reward.train import pair_reward_diffs, train_reward_model
+    from rlhf_core.schemas import read_table
+    from rlhf_core.sim.metrics import accuracy_by_pair_type, gold_difference
+
+    seed = cfg.seed
+    art = rlhf_round(config=cfg, stop_after="vote")["artifacts"]
+    policy, pairs, eval_pairs = round_pairs(art, seed)
+    round_votes = read_table("votes", Path(art["vote"]["path"]) / "votes.parquet")
+    rows = []
+    for source in sources:
+        voters, labels, weighted = parse_source(source)
+        votes = other_votes(voters, policy, pairs, cfg, work) if voters else round_votes
+        train, train_cfg = training_pairs(labels, pairs, votes, cfg.reward.train)
+        if weighted:
+            train_cfg = train_cfg.model_copy(update={"read": "end_token+weighted_logprob"})
+        gold = gold_difference(train["prompt"], train["chosen"], train["rejected"])
+        p = train["soft_label"].fillna(1.0).to_numpy() if "soft_label" in train else np.ones(len(train))
+        for model_seed in model_seeds:
+            kept = work / f"seed{seed}" / f"{source.replace(':', '_')}-m{model_seed}.json"
+            if not kept.exists():
+                t0 = time.time()
+                model, tok, _ = train_reward_model(policy, train, train_cfg, seed=seed + model_seed)
+                row = {"seed": seed, "source": source, "model_seed": model_seed, "n": len(train),
+                       "label_accuracy": float(np.mean(((p > 0.5) == (gold > 0))[gold != 0])),
+                       **accuracy_by_pair_type(pair_reward_diffs(model, tok, eval_pairs, train_cfg.max_length),
+                                               eval_pairs), "seconds": time.time() - t0}
+                kept.parent.mkdir(parents=True, exist_ok=True)
+                atomic_write_text(kept, json.dumps(row))
+                print(json.dumps(row), flush=True)
+            rows.append(json.loads(kept.read_text()))
+    return rows
+
+
+def write_report(rows: list[dict], out: Path) -> None:
+    import pandas as pd
+
+    df = pd.DataFrame(rows)
+    per_seed = df.groupby(["source", "seed"]).mean(numeric_only=True)  # mean over model seeds
+    base = per_seed.xs("baseline", level="source")["all"] if "baseline" in df["source"].values else None
+    seeds, model_seeds = sorted(df["seed"].unique()), sorted(df["model_seed"].unique())
+    lines = [
+        "# Which labels from the round's votes make the best final reward model",
+        "",
+        f"Measured {datetime.now(timezone.utc):%Y-%m-%d} by `benchmarks/reward_label_sources.py`, seeds "
+        f"{[int(s) for s in seeds]}, model seeds {[int(s) for s in model_seeds]}, {os.cpu_count()} cores "
+        f"({platform.machine()}), no GPU. A source is `[voters:]labels[@read]` (the script's docstring).",
+        "Cells: per seed the mean over its model seeds, then the mean over seeds (min..max over seeds). Δ is against "
+        "the baseline (raw labels, the round's read) of the same seed, in points. Held-out gold accuracy; "
+        "gold-tied pairs left out.",
+        "",
+        "| source | what | overall | Δ vs baseline: mean (per seed) | " + " | ".join(t.replace("_", " ") for t in TYPES)
+        + " | label accuracy | pairs |",
+        "|---|---|---|---|" + "---|" * len(TYPES) + "---|---|",
+    ]
+    for source in dict.fromkeys(df["source"]):
+        s = per_seed.xs(source, level="source")
+        voters, labels, weighted = parse_source(source)
+        what = LABELS[labels] + (f"; votes of voters with {VOTERS[voters]}" if voters else "") + (
+            "; final model with the weighted read" if weighted else "")
+        gains = [] if base is None else [100 * (s["all"][k] - base[k]) for k in s.index if k in base.index]
+        delta = "n/a" if not gains else f"{np.mean(gains):+.1f} (" + ", ".join(f"{g:+.1f}" for g in gains) + ")"
+        cells = [_cell(s[t].tolist()) if t in s else "n/a" for t in TYPES]
+        lines.append(f"| {source} | {what} | {_cell(s['all'].tolist())} | {delta} | " + " | ".join(cells)
+                     + f" | {_cell(s['label_accuracy'].tolist())} | {_cell(s['n'].tolist(), '.0f')} |")
+    lines += ["", "Each model's overall accuracy (seed / model seed):", "",
+              "| source | " + " | ".join(f"{s}/{m}" for s in seeds for m in model_seeds) + " |",
+              "|---|" + "---|" * (len(seeds) * len(model_seeds))]
+    one = df.set_index(["source", "seed", "model_seed"])["all"]
+    for source in dict.fromkeys(df["source"]):
+        lines.append(f"| {source} | " + " | ".join(
+            f"{one[(source, s, m)]:.3f}" if (source, s, m) in one.index else "–" for s in seeds for m in model_seeds)
+            + " |")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text("\n".join(lines) + "\n")
+    out.with_suffix(".json").write_text(json.dumps(rows, indent=1))
+    print("\n".join(lines))
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--model-seeds", type=int, nargs="+", default=[0, 100],
+                        help="offsets of the final models' train seeds (seed + offset); 0 = the round's own model")
+    parser.add_argument("--sources", nargs="+", default=list(SOURCES), metavar="SOURCE",
+                        help="[voters:]labels[@weighted], e.g. flip_paper, gold@weighted, v2:flip_paper")
+    parser.add_argument("--out", type=Path, default=Path("docs/reward-label-sources.md"))
+    parser.add_argument("--work-dir", type=Path, default=Path("rlhf-runs/benchmarks/reward-label-sources"))
+    add_round_arguments(parser)
+    args = parser.parse_args(argv)
+    for source in args.sources:
+        parse_source(source)  # an unknown name fails before any round runs
+    args.work_dir.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for seed in args.seeds:
+        cfg = round_config(args.config, seed, round_workdir(args.rounds_dir, seed, args.work_dir / f"round-seed{seed}"))
+        rows += run_seed(cfg, args.sources, args.model_seeds, args.work_dir)
+    write_report(rows, args.out)
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
