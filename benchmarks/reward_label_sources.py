@@ -184,8 +184,11 @@ def write_report(rows: list[dict], out: Path) -> None:
     for source in dict.fromkeys(df["source"]):
         s = per_seed.xs(source, level="source")
         voters, labels, weighted = parse_source(source)
-        what = LABELS[labels] + (f"; votes of voters with {VOTERS[voters]}" if voters else "") + (
-            "; final model with the weighted read" if weighted else "")
+        what = LABELS[labels]
+        if voters:
+            what += "; votes of voters with " + ", ".join(f"voting.train.{k} {v}" for k, v in VOTERS[voters].items())
+        if weighted:
+            what += "; final model with the weighted read"
         gains = [] if base is None else [100 * (s["all"][k] - base[k]) for k in s.index if k in base.index]
         delta = "n/a" if not gains else f"{np.mean(gains):+.1f} (" + ", ".join(f"{g:+.1f}" for g in gains) + ")"
         cells = [_cell(s[t].tolist()) if t in s else "n/a" for t in TYPES]
