@@ -36,7 +36,7 @@ os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 sys.path.insert(0, str(Path(__file__).parent))
 
 from reward_modelling import (PAPER_BAND, TYPES, _cell, add_round_arguments, gold_oriented,  # noqa: E402
-                              round_config, round_pairs, round_workdir)
+                              round_config, round_pairs, round_voting, round_workdir)
 
 LABELS = {  # name -> what it is (the builder is `training_pairs`)
     "baseline": "the annotators' labels as they are (Bradley-Terry baseline)",
@@ -58,42 +58,41 @@ SOURCES = ("baseline", "gold", "flip_paper", "flip_paper_ls0.1", "flipsoft2", "d
            "v2:flip_paper")
 
 
-def _sigmoid(x):
-    return 1.0 / (1.0 + np.exp(-x))
-
-
 def training_pairs(labels: str, pairs, votes, train_cfg):
-    """(training pairs, reward.train config) of one LABELS entry, from the comparisons and a votes table."""
+    """(training pairs, reward.train config) of one LABELS entry, from the comparisons and a votes table (its z is
+    the mean strength over `voting.strength_scale`)."""
+    from scipy.special import expit
+
     from rlhf_core.config import DenoiseConfig
     from rlhf_core.reward.denoise import denoise
     from rlhf_core.reward.voting import bucket
 
-    votes = votes.copy()
-    scale = float(votes["mean"].std(ddof=0))
-    votes["z"] = votes["mean"] / scale
-    paper = votes.copy()
-    paper["bucket"] = bucket(votes["mean"].to_numpy(), PAPER_BAND["ambiguous_band"], scale, symmetric=False)
-    flipped = denoise(pairs, paper, DenoiseConfig(method="flip"))[0]
+    def flipped_by_paper_rule():
+        paper = votes.copy()
+        paper["bucket"] = bucket(votes["z"].to_numpy(), PAPER_BAND["ambiguous_band"], symmetric=False)
+        return denoise(pairs, paper, DenoiseConfig(method="flip"))[0]
+
     if labels == "baseline":
         return pairs, train_cfg
     if labels == "gold":
         return gold_oriented(pairs), train_cfg
     if labels == "flip_paper":
-        return flipped, train_cfg
+        return flipped_by_paper_rule(), train_cfg
     if labels == "flip_sym":
         return denoise(pairs, votes, DenoiseConfig(method="flip"))[0], train_cfg
     if labels == "flip_paper_ls0.1":
-        return flipped, train_cfg.model_copy(update={"label_smoothing": 0.1})
+        return flipped_by_paper_rule(), train_cfg.model_copy(update={"label_smoothing": 0.1})
     if labels == "flipsoft2":
-        out = flipped.copy()
-        out["soft_label"] = np.where(out["flipped"], _sigmoid(2 * np.abs(out["z"])), out["soft_label"].fillna(1.0))
+        out = flipped_by_paper_rule()
+        out["soft_label"] = np.where(out["flipped"], expit(2 * np.abs(out["z"])), out["soft_label"].fillna(1.0))
         return out, train_cfg
     if labels == "distill2":
         out = pairs.copy()
-        out["soft_label"] = _sigmoid(2 * pairs[["pair_id"]].merge(votes, on="pair_id")["z"].to_numpy())
+        out["soft_label"] = expit(2 * pairs[["pair_id"]].merge(votes, on="pair_id")["z"].to_numpy())
         return out, train_cfg
     if labels.startswith("drop"):
-        return flipped[np.abs(flipped["z"]) >= float(labels[len("drop"):])], train_cfg
+        out = flipped_by_paper_rule()
+        return out[np.abs(out["z"]) >= float(labels[len("drop"):])], train_cfg
     raise ValueError(f"unknown labels {labels!r}; known: {list(LABELS)}")
 
 
@@ -108,20 +107,17 @@ def parse_source(source: str) -> tuple[str | None, str, bool]:
 
 def other_votes(key: str, policy, pairs, cfg, work: Path):
     """The votes of VOTERS[key] on the round's pairs (kept as parquet in `work`)."""
-    import pandas as pd
-
+    from rlhf_core.artifacts import atomic_write
     from rlhf_core.reward.voting import vote
-    from reward_modelling import round_voting
+    from rlhf_core.schemas import read_table
 
     path = work / f"votes-{key}-seed{cfg.seed}.parquet"
     if not path.exists():
         vcfg = round_voting(cfg, {"train": cfg.voting.train.model_copy(update=VOTERS[key])})
         votes, report = vote(policy, pairs, vcfg, seed=cfg.seed)
         print("voted", key, cfg.seed, report, flush=True)
-        tmp = path.with_suffix(".tmp")
-        votes.to_parquet(tmp)
-        tmp.rename(path)
-    return pd.read_parquet(path)
+        atomic_write(path, lambda f: votes.to_parquet(f, index=False))
+    return read_table("votes", path)
 
 
 def run_seed(cfg, sources: list[str], model_seeds: list[int], work: Path) -> list[dict]:
