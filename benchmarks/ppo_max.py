@@ -1,11 +1,12 @@
 """PPO-max against vanilla PPO on the simulated world, where gold is known: writes docs/ppo-max-benchmark.md.
 
     .venv/bin/python benchmarks/ppo_max.py [--seeds 0 1 2] [--runs NAME ...] [--out docs/ppo-max-benchmark.md]
-        [--config configs/mini.yaml] [--rounds-dir DIR]
+        [--config configs/mini.yaml] [--rounds-dir DIR] [--set ppo.policy_lr=1e-5 ...]
 
 Per seed, the round runs up to the reward model in --work-dir (the stages come from its cache on a
 re-run), and a baseline reward model is trained with the same recipe on the raw (not denoised)
-labels. Then every run of RUNS trains PPO from the SFT policy with the round's own PPO config (the
+labels; for section 7's runs also a weak one, the end-token read alone on the raw labels (the recipe before
+issue 8, blind to arithmetic correctness), whose held-out gold-pair accuracy is measured beside the round's. Then every run of RUNS trains PPO from the SFT policy with the round's own PPO config (the
 demo's: PPO-max, 60 iterations of 32 prompts x 2 responses) and the run's changes, and is measured:
 
 - the training curves (RM score, gold, KL, perplexity, length, entropy, clip fractions, value error);
@@ -14,11 +15,11 @@ demo's: PPO-max, 60 iterations of 32 prompts x 2 responses) and the run's change
 
 Sections: PPO-max vs vanilla (Part I Fig. 4), no KL penalty against the denoised vs the baseline
 reward model (Part II Fig. 9), top-p 1.0 vs 0.9 (Qwen), an ablation (each switch off alone), the
-settings (policy learning rate, KL coefficient) at this model size, and PPO-max, vanilla and the old
-demo settings at a longer budget.
+settings (policy learning rate, KL coefficient) at this model size, PPO-max, vanilla and the old
+demo settings at a longer budget, and both presets against the weak reward model (Part I's reward hacking).
 Each finished (seed, run) is kept as JSON in --work-dir (named by the run, so delete the folder after
 changing the round's PPO config), and a killed benchmark resumes with the next run. About 30 s per run
-of 60 iterations on 2 cores (80 s at 150), 29 runs per seed: about 18 min per seed. --config and
+of 60 iterations on 2 cores (80 s at 150), 37 runs per seed: about 25 min per seed. --config and
 --rounds-dir pick the round (the smoke test: configs/mini.yaml's, shared with the other benchmarks).
 """
 
@@ -28,6 +29,7 @@ import argparse
 import json
 import os
 import platform
+import shlex
 import sys
 import time
 from datetime import datetime, timezone
@@ -69,7 +71,17 @@ RUNS = {  # name -> (overrides over the round's own PPO config, reward model the
     "ppo-max, 150 iterations": ({"iterations": LONG}, "denoised"),
     "vanilla, 150 iterations": ({"preset": "vanilla", "iterations": LONG}, "denoised"),
     "old demo settings, 150 iterations": (OLD_DEMO | {"iterations": LONG}, "denoised"),
+    # section 7: a reward model that can be hacked (the recipe before issue 8: the end-token read alone, raw labels)
+    "ppo-max, weak RM": ({}, "weak"),
+    "vanilla, weak RM": ({"preset": "vanilla"}, "weak"),
+    "ppo-max, weak RM, policy lr 1e-4": ({"policy_lr": 1e-4}, "weak"),
+    "vanilla, weak RM, policy lr 1e-4": ({"preset": "vanilla", "policy_lr": 1e-4}, "weak"),
+    "ppo-max, weak RM, policy lr 1e-4, kl_coef 0.2": ({"policy_lr": 1e-4, "kl_coef": 0.2}, "weak"),
+    "old demo settings, weak RM": (OLD_DEMO, "weak"),
+    "ppo-max, weak RM, 150 iterations": ({"iterations": LONG}, "weak"),
+    "vanilla, weak RM, 150 iterations": ({"preset": "vanilla", "iterations": LONG}, "weak"),
 }
+WEAK = tuple(name for name in RUNS if "weak RM" in name)
 ABLATION = ("ppo-max", "no KL, denoised RM", "- reward normalisation", "- advantage whitening", "- value clipping",
             "- critic warm-up", "- critic from the RM", "top-p 1.0", "ppo-max + ptx 1.0")
 ABLATION_LR_1E4 = ("policy lr 1e-4", *(n for n in RUNS if n.startswith("policy lr 1e-4, ") and "baseline" not in n),
@@ -80,27 +92,55 @@ SETTINGS = ("policy lr 3e-6", "ppo-max", "vanilla", "policy lr 3e-5", "policy lr
 TAIL = 10  # iterations averaged for the "final" rollout numbers
 
 
-def round_artifacts(cfg) -> dict:
-    """The round `cfg` up to the reward model (from the cache when it ran before), plus a baseline RM."""
+def round_artifacts(cfg, weak: bool = False) -> dict:
+    """The round `cfg` up to the reward model (from the cache when it ran before), plus two more reward models
+    trained on the raw (not denoised) labels: the baseline (the round's recipe) and, when `weak`, the weak one (the
+    end-token read alone, the recipe before issue 8: style without arithmetic correctness, something to hack)."""
     from flows.round import rlhf_round
-    from rlhf_core.reward.train import train_reward_model
     from rlhf_core.schemas import read_table
 
     seed, workdir = cfg.seed, Path(cfg.workdir)
     art = rlhf_round(config=cfg, stop_after="reward")["artifacts"]
-    baseline_dir = workdir / "baseline-reward-model"
-    if not (baseline_dir / "config.json").exists():
-        raw = read_table("comparisons", Path(art["import_annotations"]["path"]) / "comparisons.parquet")
-        model, tokenizer, _ = train_reward_model(art["sft"]["path"], raw, cfg.reward.train, seed=seed)
-        tmp = workdir / "baseline-reward-model.tmp"
-        model.save(tmp, tokenizer)
-        tmp.rename(baseline_dir)
+    raw = read_table("comparisons", Path(art["import_annotations"]["path"]) / "comparisons.parquet")
+    baseline = raw_labels_reward_model(workdir / "baseline-reward-model", art["sft"]["path"], raw, cfg.reward.train,
+                                       seed)
+    weak = raw_labels_reward_model(workdir / "weak-reward-model", art["sft"]["path"], raw,
+                                   cfg.reward.train.model_copy(update={"read": "end_token"}), seed) if weak else None
     world = Path(art["world"]["path"])
-    return {"sft": art["sft"]["path"], "denoised": art["reward"]["path"], "baseline": str(baseline_dir),
+    return {"sft": art["sft"]["path"], "denoised": art["reward"]["path"], "baseline": baseline, "weak": weak,
             "prompts": read_table("prompts", world / "prompts.parquet")["prompt"].tolist(),
             "eval_prompts": read_table("prompts", world / "eval_prompts.parquet")["prompt"].tolist(),
             "demos": str(Path(art["sft"]["path"]) / "demonstrations.parquet"),
             "max_length": cfg.reward.train.max_length, "ppo": cfg.ppo}
+
+
+def raw_labels_reward_model(out_dir: Path, sft_dir: str, raw, train_cfg, seed: int) -> str:
+    """A reward model trained on the raw labels with `train_cfg`, saved in out_dir once (kept for a re-run)."""
+    from rlhf_core.reward.train import train_reward_model
+
+    if not (out_dir / "config.json").exists():
+        model, tokenizer, _ = train_reward_model(sft_dir, raw, train_cfg, seed=seed)
+        tmp = out_dir.with_name(out_dir.name + ".tmp")
+        model.save(tmp, tokenizer)
+        tmp.rename(out_dir)
+    return str(out_dir)
+
+
+def reward_model_accuracy(art: dict, seed: int) -> dict:
+    """Held-out gold-pair accuracy (overall and per pair type) of the denoised and the weak reward model, on the
+    SFT policy's samples of the held-out prompts (8 per prompt)."""
+    from rlhf_core.reward.model import RewardModel
+    from rlhf_core.reward.train import pair_reward_diffs
+    from rlhf_core.models import load_tokenizer
+    from rlhf_core.sim.metrics import accuracy_by_pair_type, gold_eval_pairs
+
+    eval_pairs = gold_eval_pairs(art["sft"], art["eval_prompts"], seed=seed, samples_per_prompt=8)
+    out = {}
+    for name in ("denoised", "weak"):
+        model, tokenizer = RewardModel.load(art[name]), load_tokenizer(art[name])
+        out[name] = accuracy_by_pair_type(pair_reward_diffs(model, tokenizer, eval_pairs, art["max_length"]),
+                                          eval_pairs)
+    return out
 
 
 def greedy_gold_and_kl(policy, reference, tokenizer, prompts: list[str], seed: int) -> dict:
@@ -165,6 +205,7 @@ def _cell(values, fmt: str = "{:.3f}") -> str:
 
 COLUMNS = (("gold, greedy, held-out", "gold_greedy"), ("Δ gold vs SFT", "gold_gain"), ("KL vs SFT, held-out", "kl_eval"),
            (f"gold, rollouts, last {TAIL}", "gold_tail"), (f"RM score, last {TAIL}", "score_tail"),
+           (f"Δ RM score, last vs first {TAIL}", "score_gain"),
            (f"KL, last {TAIL}", "kl_tail"), ("perplexity max", "ppl_max"), (f"length, last {TAIL}", "length_tail"))
 
 
@@ -183,13 +224,30 @@ def _settings(ppo) -> str:
             f"critic warm-up {ppo.critic_warmup_steps} steps")
 
 
-def write_report(results: dict[str, list[dict]], sft: dict[int, dict], out: Path, figure_dir: Path, ppo) -> None:
+def _accuracy_table(rm_accuracy: dict[int, dict]) -> list[str]:
+    """Held-out gold-pair accuracy of the denoised and the weak reward model, mean (min..max) over seeds."""
+    from rlhf_core.sim.metrics import PAIR_TYPES
+
+    lines = ["| reward model | all | " + " | ".join(t.replace("_", " ") for t in PAIR_TYPES) + " |",
+             "|---|---|" + "---|" * len(PAIR_TYPES)]
+    for name, label in (("denoised", "the round's (end token + log-likelihood, denoised labels)"),
+                        ("weak", "weak (end token only, raw labels)")):
+        rows = [rm_accuracy[s][name] for s in sorted(rm_accuracy)]
+        lines.append(f"| {label} | " + " | ".join(_cell([r.get(k) for r in rows]) for k in ("all", *PAIR_TYPES))
+                     + " |")
+    return lines
+
+
+def write_report(results: dict[str, list[dict]], sft: dict[int, dict], out: Path, figure_dir: Path, ppo,
+                 rm_accuracy: dict[int, dict], command: str) -> None:
     from tasks.plots import ppo_curves
 
     seeds = sorted(sft)
     for rows in results.values():
         for r in rows:
             r["gold_gain"] = r["gold_greedy"] - sft[r["seed"]]["gold_greedy"]
+            scores = [m["objective/score"] for m in r["history"]]  # the learned reward of the rollouts
+            r["score_gain"] = sum(scores[-TAIL:]) / len(scores[-TAIL:]) - sum(scores[:TAIL]) / len(scores[:TAIL])
     figure_dir.mkdir(parents=True, exist_ok=True)
     first = seeds[0]
 
@@ -205,7 +263,7 @@ def write_report(results: dict[str, list[dict]], sft: dict[int, dict], out: Path
     lines = [
         "# PPO-max on the simulated world",
         "",
-        f"Measured {datetime.now(timezone.utc):%Y-%m-%d} by `benchmarks/ppo_max.py --seeds {' '.join(map(str, seeds))}`"
+        f"Measured {datetime.now(timezone.utc):%Y-%m-%d} by `{command}`"
         f" on {platform.machine()}, {os.cpu_count()} cores, no GPU; {minutes:.0f} min of PPO in all.",
         "Every run: the round's SFT policy, the round's own PPO config (`ppo-max`: the PPO-max switches, "
         f"{ppo.iterations} iterations",
@@ -256,6 +314,17 @@ def write_report(results: dict[str, list[dict]], sft: dict[int, dict], out: Path
         figure(("ppo-max, 150 iterations", "vanilla, 150 iterations", "old demo settings, 150 iterations"),
                "ppo-long-budget.png"),
         "",
+        "## 7. Against a weak reward model: the end-token read alone, on the raw labels",
+        "",
+        "The recipe before issue 8, blind to arithmetic correctness (held-out gold pairs, the SFT policy's samples):",
+        "",
+        *_accuracy_table(rm_accuracy),
+        "",
+        *_table(results, WEAK),
+        "",
+        figure(("vanilla, weak RM, policy lr 1e-4", "ppo-max, weak RM, policy lr 1e-4",
+                "ppo-max, weak RM, policy lr 1e-4, kl_coef 0.2"), "ppo-weak-rm.png"),
+        "",
     ]
     out.write_text("\n".join(lines) + "\n")
     summary = {name: [{k: v for k, v in r.items() if k != "history"} for r in rows] for name, rows in results.items()}
@@ -268,6 +337,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--runs", nargs="+", default=list(RUNS), choices=list(RUNS), metavar="NAME")
     parser.add_argument("--work-dir", type=Path, default=Path("rlhf-runs/benchmarks/ppo-max"))
     parser.add_argument("--out", type=Path, default=Path("docs/ppo-max-benchmark.md"))
+    parser.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE",
+                        help="dotted overrides of the round's config, e.g. ppo.policy_lr=1e-5 (the kept runs of "
+                        "docs/ppo-max-benchmark.md were made at that rate)")
     add_round_arguments(parser)
     args = parser.parse_args(argv)
 
@@ -281,15 +353,22 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS") or os.cpu_count() or 1))
     results: dict[str, list[dict]] = {}
     sft: dict[int, dict] = {}
+    rm_accuracy: dict[int, dict] = {}
     for seed in args.seeds:
         art = round_artifacts(round_config(args.config, seed,
-                                           round_workdir(args.rounds_dir, seed, args.work_dir / f"round-seed{seed}")))
+                                           round_workdir(args.rounds_dir, seed, args.work_dir / f"round-seed{seed}"),
+                                           tuple(args.set)), weak=any(name in WEAK for name in args.runs))
         sft_file = args.work_dir / f"seed{seed}-sft.json"
         if not sft_file.exists():
             ref = models.load_policy(art["sft"]).eval()
             atomic_write_text(sft_file, json.dumps(greedy_gold_and_kl(ref, ref, models.load_tokenizer(art["sft"]),
                                                                       art["eval_prompts"], seed)))
         sft[seed] = json.loads(sft_file.read_text())
+        if any(name in WEAK for name in args.runs):
+            accuracy_file = args.work_dir / f"seed{seed}-rm-accuracy.json"
+            if not accuracy_file.exists():
+                atomic_write_text(accuracy_file, json.dumps(reward_model_accuracy(art, seed)))
+            rm_accuracy[seed] = json.loads(accuracy_file.read_text())
         for name in args.runs:
             path = args.work_dir / f"seed{seed}-{name.replace(' ', '_').replace('/', '_')}.json"
             if not path.exists():
@@ -297,7 +376,8 @@ def main(argv: list[str] | None = None) -> None:
                 print(seed, name, {k: v for k, v in json.loads(path.read_text()).items() if k != "history"},
                       flush=True)
             results.setdefault(name, []).append(json.loads(path.read_text()))
-    write_report(results, sft, args.out, args.out.parent / "figures", art["ppo"])
+    command = shlex.join(["benchmarks/ppo_max.py", *(sys.argv[1:] if argv is None else argv)])
+    write_report(results, sft, args.out, args.out.parent / "figures", art["ppo"], rm_accuracy, command)
     print(f"wrote {args.out}")
 
 

@@ -16,6 +16,8 @@ and its ratio to TRL's best contender. Contenders (--contenders picks some):
   log-likelihood under the tied LM head, more work per batch than TRL), batching `random`;
 - project_end_token: the same with read `end_token`, the like-for-like one with TRL's plain head;
 - project_grouped, project_end_token_grouped: the same two with batching `length_grouped`;
+- project_shared_prompt, project_end_token_shared_prompt: `length_grouped` with `share_prompt` (each pair's prompt
+  run once for both replies, the replies regrouped by length: rlhf_core/reward/model.py `shared_prompt_rewards`);
 - trl: `trl.RewardTrainer` (no gradient checkpointing, no bf16: its fastest setting on a CPU), random sampler;
 - trl_grouped: the same with transformers' `train_sampling_strategy="group_by_length"`.
 
@@ -52,10 +54,12 @@ from rlhf_core.reward.model import encode  # noqa: E402
 from rlhf_core.reward.train import train_reward_model  # noqa: E402
 
 DEFAULT_PAIRS_FILE = Path(__file__).resolve().parents[2] / "shared/data/hh-rlhf-harmless-base/pairs.jsonl.gz"
-# the project's contenders: (reward read, batching) of RewardTrainConfig
-PROJECT = {"project": ("end_token+logprob", "random"), "project_end_token": ("end_token", "random"),
-           "project_grouped": ("end_token+logprob", "length_grouped"),
-           "project_end_token_grouped": ("end_token", "length_grouped")}
+# the project's contenders: (reward read, batching, share_prompt) of RewardTrainConfig
+PROJECT = {"project": ("end_token+logprob", "random", False), "project_end_token": ("end_token", "random", False),
+           "project_grouped": ("end_token+logprob", "length_grouped", False),
+           "project_end_token_grouped": ("end_token", "length_grouped", False),
+           "project_shared_prompt": ("end_token+logprob", "length_grouped", True),
+           "project_end_token_shared_prompt": ("end_token", "length_grouped", True)}
 TRL = {"trl": "random", "trl_grouped": "group_by_length"}  # TrainingArguments.train_sampling_strategy
 CONTENDERS = (*PROJECT, *TRL)
 GOAL_RATIO = 1.5  # issue 12: project pairs/s >= 1.5x TRL's RewardTrainer
@@ -87,9 +91,9 @@ def build_backbone(out_dir: Path, hidden_size: int, layers: int, max_length: int
     models.save_hf(models.build_policy(cfg, tokenizer, seed=0), tokenizer, out_dir)
 
 
-def run_project(backbone: Path, pairs: pd.DataFrame, read: str, batching: str, args) -> dict:
-    cfg = RewardTrainConfig(read=read, batching=batching, epochs=1, batch_size=args.batch_size,
-                            max_length=args.max_length)
+def run_project(backbone: Path, pairs: pd.DataFrame, read: str, batching: str, share_prompt: bool, args) -> dict:
+    cfg = RewardTrainConfig(read=read, batching=batching, share_prompt=share_prompt, epochs=1,
+                            batch_size=args.batch_size, max_length=args.max_length)
     t0, cpu0 = time.perf_counter(), time.process_time()
     _, _, metrics = train_reward_model(backbone, pairs, cfg, seed=args.seed)
     seconds, cpu_seconds = time.perf_counter() - t0, time.process_time() - cpu0
@@ -170,8 +174,7 @@ def non_embedding_parameters(backbone: Path) -> int:
 def run_contender(name: str, backbone: Path, pairs: pd.DataFrame, args, work_dir: Path) -> dict:
     if name in TRL:
         return run_trl(backbone, pairs, TRL[name], args, work_dir)
-    read, batching = PROJECT[name]
-    return run_project(backbone, pairs, read, batching, args)
+    return run_project(backbone, pairs, *PROJECT[name], args)
 
 
 def run_benchmark(args) -> dict:
@@ -249,8 +252,8 @@ def _version(package: str) -> str | None:
 def _describe(name: str) -> str:
     if name in TRL:
         return f"TRL sequence-classification head | {TRL[name]}"
-    read, batching = PROJECT[name]
-    return f"{read} | {batching}"
+    read, batching, share_prompt = PROJECT[name]
+    return f"{read} | {batching}{', prompt shared' if share_prompt else ''}"
 
 
 def _times(values: dict, name: str, trl_best: str | None) -> str:

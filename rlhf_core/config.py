@@ -351,6 +351,23 @@ class RewardTrainConfig(StrictModel):
         default_factory=ContrastiveConfig, description="optional SimCSE contrastive loss (Secrets of RLHF II)"
     )
     meta: MetaRMConfig = Field(default_factory=MetaRMConfig, description="optional MetaRM meta-step (Secrets of RLHF II)")
+    share_prompt: bool = Field(
+        False, description="run each pair's prompt through the trunk once for both replies (its keys and values "
+        "the cache of the replies' pass) instead of twice, and regroup the replies by length; the same rewards up to "
+        "float rounding, fewer tokens (issue 12, docs/benchmarks.md). Decoders only; not with lm_coef or the "
+        "contrastive loss, which read the whole rows' states",
+    )
+    share_prompt_group_rows: int = Field(
+        4, ge=1, description="share_prompt: replies per pass, sorted by length, so that each pass pads to its own "
+        "longest (4 was the fastest of 4-32 on a 2-core CPU with batch 16; a GPU wants more)",
+    )
+
+    @model_validator(mode="after")
+    def _share_prompt_supported(self) -> RewardTrainConfig:
+        if self.share_prompt and (self.lm_coef or self.contrastive.coef):
+            raise ValueError("reward.train.share_prompt cannot be combined with lm_coef or contrastive.coef (they read "
+                             "the whole chosen and rejected rows): turn one of them off")
+        return self
 
 
 class VotingConfig(StrictModel):

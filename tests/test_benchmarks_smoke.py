@@ -140,17 +140,20 @@ def test_hh_rlhf_trained_trunk_keeps_its_seed_and_reads_it_back(out):
 def test_trl_reward_project_contenders_run_without_trl(out, monkeypatch):
     import trl_reward
 
-    argv = run_all.smoke_argv("trl_reward", out) + ["--contenders", "project", "project_grouped"]
+    argv = run_all.smoke_argv("trl_reward", out) + ["--contenders", "project", "project_grouped",
+                                                    "project_shared_prompt"]
     monkeypatch.setitem(sys.modules, "trl", None)  # `import trl` now fails, as where the bench extra is not installed
     trl_reward.main(argv)
     folder = out / "trl_reward"
     result = json.loads((folder / "benchmarks-trl-reward.json").read_text())
-    assert set(result["runs"]) == {"project", "project_grouped"}
+    assert set(result["runs"]) == {"project", "project_grouped", "project_shared_prompt"}
     assert result["trl_best"] is None and result["ratio_vs_trl"] == {} and result["setup"]["same_token_ids"] is None
     for name, (run_,) in result["runs"].items():
         assert run_["steps"] == 1 and run_["pairs_per_s"] == pytest.approx(16 / run_["seconds"])
     rows = table((folder / "benchmarks.md").read_text(), "| contender |")
-    assert [r[0] for r in rows] == ["project", "project_grouped"] and all(r[6] == r[8] == "–" for r in rows)
+    assert [r[0] for r in rows] == ["project", "project_grouped", "project_shared_prompt"]
+    assert all(r[6] == r[8] == "–" for r in rows)
+    assert rows[2][1:3] == ["end_token+logprob", "length_grouped, prompt shared"]
 
 
 @pytest.mark.slow  # a fresh Python per contender run: about a minute on 2 cores
@@ -360,7 +363,7 @@ def test_reward_read_voters_and_final_models(shared_round):
 
 
 @pytest.mark.slow
-def test_ppo_max_runs_against_both_reward_models(shared_round):
+def test_ppo_max_runs_against_the_three_reward_models(shared_round):
     folder = run("ppo_max", shared_round)
     result = json.loads((folder / "ppo-max-benchmark.json").read_text())
     assert set(result["runs"]) == set(run_all.SMOKE_PPO_RUNS)
@@ -372,7 +375,12 @@ def test_ppo_max_runs_against_both_reward_models(shared_round):
     text = (folder / "ppo-max-benchmark.md").read_text()
     assert f"{MINI_PPO_ITERATIONS} iterations\nx 4 prompts x 2 responses" in text  # the config it ran, named
     assert [r[0] for r in table(text, "| run |")] == ["ppo-max", "vanilla"]  # section 1: the runs that ran
-    assert text.count("(not run)") == 1  # section 6's 150-iteration runs were not asked for
+    assert text.count("(not run)") == 2  # the 150-iteration runs of sections 6 and 7 were not asked for
+    weak_table = table(text.split("## 7.")[1], "| reward model |")
+    assert [r[0] for r in weak_table] == ["the round's (end token + log-likelihood, denoised labels)",
+                                          "weak (end token only, raw labels)"]
+    accuracy = json.loads((folder / "seed0-rm-accuracy.json").read_text())
+    assert weak_table[1][1] == f"{accuracy['weak']['all']:.3f}"
     assert (folder / "figures" / "ppo-max-vs-vanilla.png").is_file()
     kept_and_read_back("ppo_max", shared_round, sorted(folder.glob("seed0-*.json")))
 

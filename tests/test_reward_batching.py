@@ -1,17 +1,20 @@
-"""Reward-model batches (issue 12): the pairs are tokenised once before training, and `length_grouped` batches
-group pairs of similar length (transformers' group_by_length) while staying seeded and random per batch."""
+"""Reward-model batches (issue 12): the pairs are tokenised once before training, `length_grouped` batches
+group pairs of similar length (transformers' group_by_length) while staying seeded and random per batch, and
+`share_prompt` runs each pair's prompt once for both replies with the same rewards and gradients."""
 
 from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+import pytest
 import torch
 
 from rlhf_core import models
 from rlhf_core.config import RewardTrainConfig
 from rlhf_core.reward import train as reward_train
 from rlhf_core.reward.model import RewardModel, encode
-from rlhf_core.reward.train import encode_pairs, epoch_batches, pair_batch, train_reward_model
+from rlhf_core.reward.train import (encode_pairs, epoch_batches, pair_batch, shared_prompt_batch,
+                                   shared_prompt_length, train_reward_model)
 from test_reward import init_dir  # noqa: F401 - a fixture: a tiny random Qwen2 policy saved as a Hugging Face dir
 
 
@@ -117,3 +120,72 @@ def test_the_logprob_read_takes_the_lm_head_only_at_response_positions_and_gets_
     assert (token_logp[0] != 0).sum() == 2 and (token_logp[0, 7:9] != 0).all()
     token_logp.sum().backward()  # the gradient reaches the trunk through the picked positions
     assert model.trunk().get_input_embeddings().weight.grad.abs().sum() > 0
+
+
+def test_the_shared_prompt_is_the_query_both_rows_start_with_and_none_where_truncation_cut_them_apart():
+    assert shared_prompt_length([1, 2, 3, 4, 9], [1, 2, 3, 5, 6, 9], 2, 3) == 3  # the query [1, 2, 3]
+    assert shared_prompt_length([1, 2, 7, 9], [1, 2, 7, 9], 2, 2) == 2  # the same reply: only the query is shared
+    assert shared_prompt_length([1, 2, 7, 9], [2, 7, 8, 9], 2, 2) == 0
+    encoded = encode_pairs(models.build_tokenizer(), pairs_of_lengths(6), max_length=16)
+    # "Q: p0\nA:" is 8 tokens; pairs 4 and 5's rejected rows are cut from the left, so their rows start apart
+    assert encoded.prompt == [8, 8, 8, 8, 0, 0]
+    assert encoded.batching_lengths(True).tolist() == encoded.prompt
+    assert encoded.batching_lengths(False).tolist() == encoded.lengths().tolist()
+
+    batch = shared_prompt_batch(encoded, np.array([0, 3, 4]), group_rows=4)
+    assert batch["prompt_ids"].shape == (3, 8) and batch["prompt_mask"].sum(1).tolist() == [8, 8, 0]
+    rows = [g["row"].tolist() for g in batch["continuations"]]
+    # replies: chosen 2, 5, 14 tokens (pair 4's whole row), rejected 2, 8, 16; sorted, then 4 rows a pass
+    assert rows == [[0, 3, 1, 4], [2, 5]]
+    assert [tuple(g["input_ids"].shape) for g in batch["continuations"]] == [(4, 8), (2, 16)]
+    first = batch["continuations"][0]
+    assert first["pair"].tolist() == [0, 0, 1, 1]
+    assert first["response_mask"].sum(1).tolist() == [2, 2, 5, 8]  # reply and eos; no query tokens left in them
+
+
+def test_shared_prompt_rewards_and_gradients_equal_the_whole_rows_for_every_read(init_dir):
+    """Pairs with a shared query and pairs whose rows truncation cut apart (empty prompt; pair 6's chosen row is
+    all reply, whose first token nothing predicts), in passes of 1, 3 and 4 rows: rewards and every weight's
+    gradient equal the plain path's up to float rounding."""
+    all_reply = pd.DataFrame({"prompt": ["p0"], "chosen": ["a" * 20], "rejected": ["b"]})
+    encoded = encode_pairs(models.build_tokenizer(), pd.concat([pairs_of_lengths(6), all_reply]), max_length=16)
+    assert encoded.prompt[6] == 0 and encoded.chosen_response[6] == len(encoded.chosen[6])
+    rows = np.array([5, 0, 3, 6, 1, 4, 2])
+    for read in ("end_token", "end_token+logprob", "end_token+weighted_logprob"):
+        model = RewardModel.from_policy(init_dir, 0, read)
+        if model.token_weight is not None:  # away from its zero start, so the per-token weights differ
+            torch.nn.init.normal_(model.token_weight.weight, std=0.1)
+        signs = torch.tensor([1.0, -2.0, 0.5, 1.5, -1.0, 3.0, 0.7] * 2)  # (14,) any weighting of the 2B rewards
+
+        def rewards_and_grads(batch):
+            model.zero_grad()
+            rewards = model(**batch)
+            (signs * rewards).sum().backward()
+            return rewards.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+        plain, plain_grads = rewards_and_grads(pair_batch(encoded, rows))
+        for group_rows in (1, 3, 4):
+            shared, shared_grads = rewards_and_grads(shared_prompt_batch(encoded, rows, group_rows))
+            torch.testing.assert_close(shared, plain, atol=1e-4, rtol=1e-5)
+            assert shared_grads.keys() == plain_grads.keys()
+            for name, grad in plain_grads.items():
+                torch.testing.assert_close(shared_grads[name], grad, atol=1e-4, rtol=1e-4, msg=f"{read} {name}")
+
+
+def test_training_with_the_prompt_shared_follows_the_same_trajectory(init_dir):
+    pairs = pairs_of_lengths(12)
+    cfg = RewardTrainConfig(epochs=2, batch_size=4, max_length=32)
+    plain, tok, plain_metrics = train_reward_model(init_dir, pairs, cfg, seed=3)
+    shared, _, shared_metrics = train_reward_model(init_dir, pairs, cfg.model_copy(update={"share_prompt": True}),
+                                                   seed=3)
+    assert shared_metrics["loss"] == pytest.approx(plain_metrics["loss"], rel=1e-4)
+    weights = dict(shared.named_parameters())
+    for name, p in plain.named_parameters():
+        torch.testing.assert_close(weights[name], p, atol=1e-4, rtol=1e-4, msg=name)
+
+
+def test_share_prompt_is_refused_with_the_losses_that_read_the_whole_rows():
+    with pytest.raises(ValueError, match="share_prompt cannot be combined with lm_coef"):
+        RewardTrainConfig(share_prompt=True, lm_coef=0.5)
+    with pytest.raises(ValueError, match="share_prompt cannot be combined"):
+        RewardTrainConfig(share_prompt=True, contrastive={"coef": 0.1})

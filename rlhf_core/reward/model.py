@@ -35,7 +35,7 @@ from typing import Literal
 
 import torch
 from torch import nn
-from transformers import AutoModelForSequenceClassification, PreTrainedTokenizerBase
+from transformers import AutoModelForSequenceClassification, DynamicCache, PreTrainedTokenizerBase
 
 from rlhf_core.models import classification_head, format_query, reward_model_from_policy, save_hf
 
@@ -176,15 +176,23 @@ class RewardModel(nn.Module):
                             ) -> torch.Tensor:
         """(N,) rewards from the trunk's hidden states; `head`/`logprob_weight` replace the model's own
         (voting's shared-trunk mode reads several heads off one pass)."""
+        return self.read_rewards(self.end_hidden(hidden, batch), hidden[:, :-1], batch["input_ids"][:, 1:],
+                                 batch["response_mask"][:, 1:].bool(), head, logprob_weight)
+
+    def read_rewards(self, end: torch.Tensor, predictor: torch.Tensor, targets: torch.Tensor, predicts: torch.Tensor,
+                     head: nn.Module | None = None, logprob_weight: torch.Tensor | None = None) -> torch.Tensor:
+        """(N,) the read: the head at `end` (N, H), plus the log-likelihood of the response tokens `targets` (N, T')
+        where `predicts` (N, T'), each predicted from the state `predictor` (N, T', H) at the same index."""
         head = self.head() if head is None else head
-        rewards = head(self.end_hidden(hidden, batch)).squeeze(-1)  # (N,)
+        rewards = head(end).squeeze(-1)  # (N,)
         if self.read == "end_token":
             return rewards
         weight = self.logprob_weight if logprob_weight is None else logprob_weight
+        token_logp = self.token_logprob(predictor, targets, predicts)  # (N, T')
         if self.token_weight is None:
-            return rewards + weight * self.response_logprob(hidden, batch)
-        per_token = weight + self.token_weight(hidden[:, :-1]).squeeze(-1)  # (N, T-1): a + u . h_{t-1} + b
-        return rewards + (per_token * self.response_token_logprob(hidden, batch)).sum(dim=1)
+            return rewards + weight * token_logp.sum(dim=1)
+        per_token = weight + self.token_weight(predictor).squeeze(-1)  # (N, T'): a + u . h_{t-1} + b
+        return rewards + (per_token * token_logp).sum(dim=1)
 
     def end_hidden(self, hidden: torch.Tensor, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """(N, H) what the head reads: the hidden state at each sequence's eos (right padding), or an
@@ -209,19 +217,63 @@ class RewardModel(nn.Module):
         return self.response_token_logprob(hidden, batch).sum(dim=1)
 
     def response_token_logprob(self, hidden: torch.Tensor, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        """(N, T-1) log p(token t+1 | ..t) on response tokens and eos, 0 elsewhere.
+        """(N, T-1) log p(token t+1 | ..t) on response tokens and eos, 0 elsewhere."""
+        return self.token_logprob(hidden[:, :-1], batch["input_ids"][:, 1:], batch["response_mask"][:, 1:].bool())
 
-        Only the positions that predict a response token go through the LM head, (n, H) x (H, V): the prompt's
-        and the padding's log-probs would be multiplied by 0 (issue 12: prompts are most of a pair's tokens).
+    def token_logprob(self, predictor: torch.Tensor, targets: torch.Tensor, predicts: torch.Tensor) -> torch.Tensor:
+        """(N, T') log p(targets[:, t] | the state predictor[:, t]) where predicts (N, T'), 0 elsewhere; the LM head
+        is the input embeddings.
+
+        Only the predicting positions go through the LM head, (n, H) x (H, V): the prompt's and the padding's
+        log-probs would be multiplied by 0 (issue 12: prompts are most of a pair's tokens).
         """
         embeddings = self.trunk().get_input_embeddings().weight  # (V, H)
-        predicts_response = batch["response_mask"][:, 1:].bool()  # (N, T-1): position t predicts token t+1
-        logits = hidden[:, :-1][predicts_response] @ embeddings.T  # (n, V)
+        logits = predictor[predicts] @ embeddings.T  # (n, V)
         logp = torch.log_softmax(logits.float(), dim=-1)
-        targets = batch["input_ids"][:, 1:][predicts_response]  # (n,)
-        token_logp = logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1)  # (n,)
-        return torch.zeros(predicts_response.shape, dtype=token_logp.dtype, device=token_logp.device
-                           ).masked_scatter(predicts_response, token_logp)
+        token_logp = logp.gather(-1, targets[predicts].unsqueeze(-1)).squeeze(-1)  # (n,)
+        return torch.zeros(predicts.shape, dtype=token_logp.dtype, device=token_logp.device
+                           ).masked_scatter(predicts, token_logp)
+
+    def shared_prompt_rewards(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
+                              continuations: list[dict[str, torch.Tensor]]) -> torch.Tensor:
+        """(2B,) the rewards of B pairs, each pair's prompt run through the trunk once for its two replies.
+
+        prompt_ids, prompt_mask: (B, P) the tokens each pair's chosen and rejected rows share at the start (its
+        query), right-padded. continuations: the 2B rows' remaining tokens (reply and eos; chosen rows are
+        0..B-1, rejected B..2B-1) in groups of similar length, each a dict of input_ids, attention_mask,
+        response_mask (n, C) right-padded, pair (n,), the prompt row it continues, and row (n,), its place in the
+        output. A group runs the trunk over its continuations with its prompts' keys and values as the cache
+        (their padding masked out). The result equals `forward` on the whole rows up to float rounding
+        (tests/test_reward_batching.py), with each prompt's tokens run once instead of twice and each group
+        padded to its own longest (issue 12).
+        """
+        if self.is_encoder():
+            raise ValueError("reward.train.share_prompt needs a decoder (a causal trunk with a key-value cache); "
+                             f"{type(self.classifier).__name__} is an encoder: set it false")
+        trunk = self.trunk()
+        prompt_length = prompt_mask.sum(dim=1)  # (B,)
+        # no attention mask: with right padding no real token sees a pad, so attention takes its causal path
+        out = trunk(input_ids=prompt_ids, use_cache=True)
+        last_state = out.last_hidden_state[torch.arange(len(prompt_ids), device=prompt_ids.device),
+                                           (prompt_length - 1).clamp(min=0)]  # (B, H): predicts the reply's first
+        keys_values = [(layer.keys, layer.values) for layer in out.past_key_values.layers]
+        P = prompt_ids.shape[1]
+        rewards, rows = [], []
+        for group in continuations:
+            pair, mask = group["pair"], group["attention_mask"]  # (n,), (n, C)
+            C = mask.shape[1]
+            cache = DynamicCache(ddp_cache_data=[(k[pair], v[pair]) for k, v in keys_values], config=self.config)
+            hidden = trunk(input_ids=group["input_ids"], attention_mask=torch.cat([prompt_mask[pair], mask], dim=1),
+                           position_ids=prompt_length[pair, None] + torch.arange(C, device=mask.device),
+                           past_key_values=cache, use_cache=True,
+                           cache_position=torch.arange(P, P + C, device=mask.device)).last_hidden_state  # (n, C, H)
+            end = hidden[torch.arange(len(hidden), device=mask.device), mask.sum(dim=1) - 1]  # (n, H)
+            predictor = torch.cat([last_state[pair, None], hidden[:, :-1]], dim=1)  # (n, C, H): t predicts token t
+            predicts = group["response_mask"].bool()
+            predicts[:, 0] &= prompt_length[pair] > 0  # an empty prompt predicts nothing (as a row's first token)
+            rewards.append(self.read_rewards(end, predictor, group["input_ids"], predicts))
+            rows.append(group["row"])
+        return torch.cat(rewards)[torch.argsort(torch.cat(rows))]
 
     def weights_read_outside_their_module(self) -> list[nn.Parameter]:
         """The weights `forward` reads outside their own module's call: the tied input embeddings the logprob
@@ -230,7 +282,12 @@ class RewardModel(nn.Module):
         to have them gathered for the model's whole forward and backward."""
         return [] if self.read == "end_token" else [self.trunk().get_input_embeddings().weight]
 
-    def forward(self, input_ids, attention_mask, response_mask) -> torch.Tensor:
+    def forward(self, input_ids=None, attention_mask=None, response_mask=None, prompt_ids=None, prompt_mask=None,
+                continuations=None) -> torch.Tensor:
+        """(N,) rewards of right-padded rows, or (2B,) of a shared-prompt batch (`shared_prompt_rewards`: given
+        prompt_ids, prompt_mask and continuations instead); one call either way, so ZeRO-3's hooks see it."""
+        if continuations is not None:
+            return self.shared_prompt_rewards(prompt_ids, prompt_mask, continuations)
         batch = {"input_ids": input_ids, "attention_mask": attention_mask, "response_mask": response_mask}
         return self.rewards_from_hidden(self.hidden_states(input_ids, attention_mask), batch)
 
