@@ -78,10 +78,14 @@ RUNS = {  # name -> (overrides over the round's own PPO config, reward model the
     "vanilla, weak RM, policy lr 1e-4": ({"preset": "vanilla", "policy_lr": 1e-4}, "weak"),
     "ppo-max, weak RM, policy lr 1e-4, kl_coef 0.2": ({"policy_lr": 1e-4, "kl_coef": 0.2}, "weak"),
     "old demo settings, weak RM": (OLD_DEMO, "weak"),
+    # Part II Fig. 9 where there is something to hack: no KL, the weak recipe on the raw vs the denoised labels
+    "no KL, weak RM, policy lr 1e-4": ({"policy_lr": 1e-4, "kl_coef": 0.0}, "weak"),
+    "no KL, weak denoised RM, policy lr 1e-4": ({"policy_lr": 1e-4, "kl_coef": 0.0}, "weak_denoised"),
     "ppo-max, weak RM, 150 iterations": ({"iterations": LONG}, "weak"),
     "vanilla, weak RM, 150 iterations": ({"preset": "vanilla", "iterations": LONG}, "weak"),
 }
-WEAK = tuple(name for name in RUNS if "weak RM" in name)
+WEAK = tuple(name for name in RUNS if "weak" in name)
+WEAK_FIG9 = ("no KL, weak RM, policy lr 1e-4", "no KL, weak denoised RM, policy lr 1e-4")
 ABLATION = ("ppo-max", "no KL, denoised RM", "- reward normalisation", "- advantage whitening", "- value clipping",
             "- critic warm-up", "- critic from the RM", "top-p 1.0", "ppo-max + ptx 1.0")
 ABLATION_LR_1E4 = ("policy lr 1e-4", *(n for n in RUNS if n.startswith("policy lr 1e-4, ") and "baseline" not in n),
@@ -95,48 +99,61 @@ TAIL = 10  # iterations averaged for the "final" rollout numbers
 def round_artifacts(cfg, weak: bool = False) -> dict:
     """The round `cfg` up to the reward model (from the cache when it ran before), plus two more reward models
     trained on the raw (not denoised) labels: the baseline (the round's recipe) and, when `weak`, the weak one (the
-    end-token read alone, the recipe before issue 8: style without arithmetic correctness, something to hack)."""
+    end-token read alone, the recipe before issue 8: style without arithmetic correctness, something to hack),
+    and the weak recipe on the round's denoised pairs."""
     from flows.round import rlhf_round
     from rlhf_core.schemas import read_table
 
     seed, workdir = cfg.seed, Path(cfg.workdir)
     art = rlhf_round(config=cfg, stop_after="reward")["artifacts"]
     raw = read_table("comparisons", Path(art["import_annotations"]["path"]) / "comparisons.parquet")
-    baseline = raw_labels_reward_model(workdir / "baseline-reward-model", art["sft"]["path"], raw, cfg.reward.train,
+    baseline = extra_reward_model(workdir / "baseline-reward-model", art["sft"]["path"], raw, cfg.reward.train,
                                        seed)
-    weak = raw_labels_reward_model(workdir / "weak-reward-model", art["sft"]["path"], raw,
-                                   cfg.reward.train.model_copy(update={"read": "end_token"}), seed) if weak else None
+    weak_cfg = cfg.reward.train.model_copy(update={"read": "end_token"})
+    denoised = read_table("denoised", Path(art["denoise"]["path"]) / "denoised.parquet")
+    weak_models = {"weak": extra_reward_model(workdir / "weak-reward-model", art["sft"]["path"], raw, weak_cfg,
+                                                   seed),
+                   "weak_denoised": extra_reward_model(workdir / "weak-denoised-reward-model", art["sft"]["path"],
+                                                            denoised, weak_cfg, seed)} if weak else {}
     world = Path(art["world"]["path"])
-    return {"sft": art["sft"]["path"], "denoised": art["reward"]["path"], "baseline": baseline, "weak": weak,
+    return {"sft": art["sft"]["path"], "denoised": art["reward"]["path"], "baseline": baseline, **weak_models,
             "prompts": read_table("prompts", world / "prompts.parquet")["prompt"].tolist(),
             "eval_prompts": read_table("prompts", world / "eval_prompts.parquet")["prompt"].tolist(),
             "demos": str(Path(art["sft"]["path"]) / "demonstrations.parquet"),
             "max_length": cfg.reward.train.max_length, "ppo": cfg.ppo}
 
 
-def raw_labels_reward_model(out_dir: Path, sft_dir: str, raw, train_cfg, seed: int) -> str:
-    """A reward model trained on the raw labels with `train_cfg`, saved in out_dir once (kept for a re-run)."""
+def extra_reward_model(out_dir: Path, sft_dir: str, pairs, train_cfg, seed: int) -> str:
+    """A reward model trained on `pairs` (the raw labels, or the denoised ones) with `train_cfg`, saved in out_dir
+    once (kept for a re-run)."""
     from rlhf_core.reward.train import train_reward_model
 
     if not (out_dir / "config.json").exists():
-        model, tokenizer, _ = train_reward_model(sft_dir, raw, train_cfg, seed=seed)
+        model, tokenizer, _ = train_reward_model(sft_dir, pairs, train_cfg, seed=seed)
         tmp = out_dir.with_name(out_dir.name + ".tmp")
         model.save(tmp, tokenizer)
         tmp.rename(out_dir)
     return str(out_dir)
 
 
-def reward_model_accuracy(art: dict, seed: int) -> dict:
-    """Held-out gold-pair accuracy (overall and per pair type) of the denoised and the weak reward model, on the
-    SFT policy's samples of the held-out prompts (8 per prompt)."""
+RM_NAMES = {"denoised": "the round's (end token + log-likelihood, denoised labels)",
+            "weak": "weak (end token only, raw labels)", "weak_denoised": "weak recipe, denoised labels"}
+
+
+def reward_model_accuracy(art: dict, seed: int, known: dict) -> dict:
+    """Held-out gold-pair accuracy (overall and per pair type) of the round's and the weak reward models on the SFT
+    policy's samples of the held-out prompts (8 per prompt); those in `known` are not measured again."""
     from rlhf_core.reward.model import RewardModel
     from rlhf_core.reward.train import pair_reward_diffs
     from rlhf_core.models import load_tokenizer
     from rlhf_core.sim.metrics import accuracy_by_pair_type, gold_eval_pairs
 
+    missing = [name for name in RM_NAMES if name not in known]
+    if not missing:
+        return known
     eval_pairs = gold_eval_pairs(art["sft"], art["eval_prompts"], seed=seed, samples_per_prompt=8)
-    out = {}
-    for name in ("denoised", "weak"):
+    out = dict(known)
+    for name in missing:
         model, tokenizer = RewardModel.load(art[name]), load_tokenizer(art[name])
         out[name] = accuracy_by_pair_type(pair_reward_diffs(model, tokenizer, eval_pairs, art["max_length"]),
                                           eval_pairs)
@@ -230,8 +247,7 @@ def _accuracy_table(rm_accuracy: dict[int, dict]) -> list[str]:
 
     lines = ["| reward model | all | " + " | ".join(t.replace("_", " ") for t in PAIR_TYPES) + " |",
              "|---|---|" + "---|" * len(PAIR_TYPES)]
-    for name, label in (("denoised", "the round's (end token + log-likelihood, denoised labels)"),
-                        ("weak", "weak (end token only, raw labels)")):
+    for name, label in RM_NAMES.items():
         rows = [rm_accuracy[s][name] for s in sorted(rm_accuracy)]
         lines.append(f"| {label} | " + " | ".join(_cell([r.get(k) for r in rows]) for k in ("all", *PAIR_TYPES))
                      + " |")
@@ -314,13 +330,18 @@ def write_report(results: dict[str, list[dict]], sft: dict[int, dict], out: Path
         figure(("ppo-max, 150 iterations", "vanilla, 150 iterations", "old demo settings, 150 iterations"),
                "ppo-long-budget.png"),
         "",
-        "## 7. Against a weak reward model: the end-token read alone, on the raw labels",
+        "## 7. Against weak reward models: the end-token read alone (the recipe before issue 8)",
         "",
-        "The recipe before issue 8, blind to arithmetic correctness (held-out gold pairs, the SFT policy's samples):",
+        "Blind to arithmetic correctness (held-out gold pairs, the SFT policy's samples):",
         "",
         *_accuracy_table(rm_accuracy),
         "",
-        *_table(results, WEAK),
+        *_table(results, tuple(name for name in WEAK if name not in WEAK_FIG9)),
+        "",
+        "Part II Fig. 9 against reward models that can be hacked: no KL penalty, lr 1e-4, the weak recipe trained "
+        "on the raw against the denoised labels:",
+        "",
+        *_table(results, WEAK_FIG9),
         "",
         figure(("vanilla, weak RM, policy lr 1e-4", "ppo-max, weak RM, policy lr 1e-4",
                 "ppo-max, weak RM, policy lr 1e-4, kl_coef 0.2"), "ppo-weak-rm.png"),
@@ -366,8 +387,9 @@ def main(argv: list[str] | None = None) -> None:
         sft[seed] = json.loads(sft_file.read_text())
         if any(name in WEAK for name in args.runs):
             accuracy_file = args.work_dir / f"seed{seed}-rm-accuracy.json"
-            if not accuracy_file.exists():
-                atomic_write_text(accuracy_file, json.dumps(reward_model_accuracy(art, seed)))
+            known = json.loads(accuracy_file.read_text()) if accuracy_file.exists() else {}
+            if set(known) != set(RM_NAMES):
+                atomic_write_text(accuracy_file, json.dumps(reward_model_accuracy(art, seed, known)))
             rm_accuracy[seed] = json.loads(accuracy_file.read_text())
         for name in args.runs:
             path = args.work_dir / f"seed{seed}-{name.replace(' ', '_').replace('/', '_')}.json"
