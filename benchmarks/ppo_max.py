@@ -19,7 +19,7 @@ settings (policy learning rate, KL coefficient) at this model size, PPO-max, van
 demo settings at a longer budget, and both presets against the weak reward model (Part I's reward hacking).
 Each finished (seed, run) is kept as JSON in --work-dir (named by the run, so delete the folder after
 changing the round's PPO config), and a killed benchmark resumes with the next run. About 30 s per run
-of 60 iterations on 2 cores (80 s at 150), 37 runs per seed: about 25 min per seed. --config and
+of 60 iterations on 2 cores (80 s at 150), 44 runs per seed: about 30 min per seed. --config and
 --rounds-dir pick the round (the smoke test: configs/mini.yaml's, shared with the other benchmarks).
 """
 
@@ -78,6 +78,11 @@ RUNS = {  # name -> (overrides over the round's own PPO config, reward model the
     "vanilla, weak RM, policy lr 1e-4": ({"preset": "vanilla", "policy_lr": 1e-4}, "weak"),
     "ppo-max, weak RM, policy lr 1e-4, kl_coef 0.2": ({"policy_lr": 1e-4, "kl_coef": 0.2}, "weak"),
     "old demo settings, weak RM": (OLD_DEMO, "weak"),
+    # the ablation where the policy does hack: each PPO-max switch off alone against the weak RM at lr 1e-4
+    **{f"weak RM, policy lr 1e-4, {name}": (switch | {"policy_lr": 1e-4}, "weak") for name, switch in (
+        ("- reward normalisation", {"reward_norm": False}), ("- advantage whitening", {"norm_adv": False}),
+        ("- value clipping", {"clip_vloss": False}), ("- critic warm-up", {"critic_warmup_steps": 0}),
+        ("- critic from the RM", {"critic_from_reward_model": False}))},
     # Part II Fig. 9 where there is something to hack: no KL, the weak recipe on the raw vs the denoised labels
     "no KL, weak RM, policy lr 1e-4": ({"policy_lr": 1e-4, "kl_coef": 0.0}, "weak"),
     "no KL, weak denoised RM, policy lr 1e-4": ({"policy_lr": 1e-4, "kl_coef": 0.0}, "weak_denoised"),
@@ -86,6 +91,8 @@ RUNS = {  # name -> (overrides over the round's own PPO config, reward model the
 }
 WEAK = tuple(name for name in RUNS if "weak" in name)
 WEAK_FIG9 = ("no KL, weak RM, policy lr 1e-4", "no KL, weak denoised RM, policy lr 1e-4")
+WEAK_ABLATION = ("ppo-max, weak RM, policy lr 1e-4", "no KL, weak RM, policy lr 1e-4",
+                 *(n for n in RUNS if n.startswith("weak RM, policy lr 1e-4, ")), "vanilla, weak RM, policy lr 1e-4")
 ABLATION = ("ppo-max", "no KL, denoised RM", "- reward normalisation", "- advantage whitening", "- value clipping",
             "- critic warm-up", "- critic from the RM", "top-p 1.0", "ppo-max + ptx 1.0")
 ABLATION_LR_1E4 = ("policy lr 1e-4", *(n for n in RUNS if n.startswith("policy lr 1e-4, ") and "baseline" not in n),
@@ -336,7 +343,12 @@ def write_report(results: dict[str, list[dict]], sft: dict[int, dict], out: Path
         "",
         *_accuracy_table(rm_accuracy),
         "",
-        *_table(results, tuple(name for name in WEAK if name not in WEAK_FIG9)),
+        *_table(results, tuple(name for name in WEAK if name not in WEAK_FIG9 + WEAK_ABLATION[1:-1])),
+        "",
+        "The ablation where the policy does hack: each PPO-max switch off alone, against the weak reward model at "
+        "lr 1e-4:",
+        "",
+        *_table(results, WEAK_ABLATION),
         "",
         "Part II Fig. 9 against reward models that can be hacked: no KL penalty, lr 1e-4, the weak recipe trained "
         "on the raw against the denoised labels:",
