@@ -42,6 +42,10 @@ from reward_modelling import add_round_arguments, round_config, round_workdir  #
 
 LONG = 150  # the longer budget of section 5: does vanilla PPO hack the reward model given time?
 OLD_DEMO = {"kl_coef": 1.0, "policy_lr": 1e-4, "ptx_coef": 1.0, "critic_warmup_steps": 16}  # the demo before 2026-11-23
+SWITCHES_OFF = (  # the ablations at lr 1e-4: (name, the override that turns one PPO-max switch off)
+    ("- reward normalisation", {"reward_norm": False}), ("- advantage whitening", {"norm_adv": False}),
+    ("- value clipping", {"clip_vloss": False}), ("- critic warm-up", {"critic_warmup_steps": 0}),
+    ("- critic from the RM", {"critic_from_reward_model": False}))
 RUNS = {  # name -> (overrides over the round's own PPO config, reward model the run is trained against)
     "ppo-max": ({}, "denoised"),
     "vanilla": ({"preset": "vanilla"}, "denoised"),
@@ -63,10 +67,8 @@ RUNS = {  # name -> (overrides over the round's own PPO config, reward model the
     "vanilla, policy lr 3e-4, critic lr 1e-3": ({"preset": "vanilla", "policy_lr": 3e-4, "critic_lr": 1e-3},
                                                 "denoised"),
     "kl_coef 0.2": ({"kl_coef": 0.2}, "denoised"),
-    **{f"policy lr 1e-4, {name}": (switch | {"policy_lr": 1e-4}, "denoised") for name, switch in (
-        ("no KL", {"kl_coef": 0.0}), ("- reward normalisation", {"reward_norm": False}),
-        ("- advantage whitening", {"norm_adv": False}), ("- value clipping", {"clip_vloss": False}),
-        ("- critic warm-up", {"critic_warmup_steps": 0}), ("- critic from the RM", {"critic_from_reward_model": False}))},
+    **{f"policy lr 1e-4, {name}": (switch | {"policy_lr": 1e-4}, "denoised")
+       for name, switch in (("no KL", {"kl_coef": 0.0}), *SWITCHES_OFF)},
     "policy lr 1e-4, no KL, baseline RM": ({"policy_lr": 1e-4, "kl_coef": 0.0}, "baseline"),
     "ppo-max, 150 iterations": ({"iterations": LONG}, "denoised"),
     "vanilla, 150 iterations": ({"preset": "vanilla", "iterations": LONG}, "denoised"),
@@ -79,10 +81,7 @@ RUNS = {  # name -> (overrides over the round's own PPO config, reward model the
     "ppo-max, weak RM, policy lr 1e-4, kl_coef 0.2": ({"policy_lr": 1e-4, "kl_coef": 0.2}, "weak"),
     "old demo settings, weak RM": (OLD_DEMO, "weak"),
     # the ablation where the policy does hack: each PPO-max switch off alone against the weak RM at lr 1e-4
-    **{f"weak RM, policy lr 1e-4, {name}": (switch | {"policy_lr": 1e-4}, "weak") for name, switch in (
-        ("- reward normalisation", {"reward_norm": False}), ("- advantage whitening", {"norm_adv": False}),
-        ("- value clipping", {"clip_vloss": False}), ("- critic warm-up", {"critic_warmup_steps": 0}),
-        ("- critic from the RM", {"critic_from_reward_model": False}))},
+    **{f"weak RM, policy lr 1e-4, {name}": (switch | {"policy_lr": 1e-4}, "weak") for name, switch in SWITCHES_OFF},
     # Part II Fig. 9 where there is something to hack: no KL, the weak recipe on the raw vs the denoised labels
     "no KL, weak RM, policy lr 1e-4": ({"policy_lr": 1e-4, "kl_coef": 0.0}, "weak"),
     "no KL, weak denoised RM, policy lr 1e-4": ({"policy_lr": 1e-4, "kl_coef": 0.0}, "weak_denoised"),
@@ -92,7 +91,10 @@ RUNS = {  # name -> (overrides over the round's own PPO config, reward model the
 WEAK = tuple(name for name in RUNS if "weak" in name)
 WEAK_FIG9 = ("no KL, weak RM, policy lr 1e-4", "no KL, weak denoised RM, policy lr 1e-4")
 WEAK_ABLATION = ("ppo-max, weak RM, policy lr 1e-4", "no KL, weak RM, policy lr 1e-4",
-                 *(n for n in RUNS if n.startswith("weak RM, policy lr 1e-4, ")), "vanilla, weak RM, policy lr 1e-4")
+                 *(f"weak RM, policy lr 1e-4, {name}" for name, _ in SWITCHES_OFF), "vanilla, weak RM, policy lr 1e-4")
+WEAK_MAIN = ("ppo-max, weak RM", "vanilla, weak RM", "ppo-max, weak RM, policy lr 1e-4",
+             "vanilla, weak RM, policy lr 1e-4", "ppo-max, weak RM, policy lr 1e-4, kl_coef 0.2",
+             "old demo settings, weak RM", "ppo-max, weak RM, 150 iterations", "vanilla, weak RM, 150 iterations")
 ABLATION = ("ppo-max", "no KL, denoised RM", "- reward normalisation", "- advantage whitening", "- value clipping",
             "- critic warm-up", "- critic from the RM", "top-p 1.0", "ppo-max + ptx 1.0")
 ABLATION_LR_1E4 = ("policy lr 1e-4", *(n for n in RUNS if n.startswith("policy lr 1e-4, ") and "baseline" not in n),
@@ -343,7 +345,7 @@ def write_report(results: dict[str, list[dict]], sft: dict[int, dict], out: Path
         "",
         *_accuracy_table(rm_accuracy),
         "",
-        *_table(results, tuple(name for name in WEAK if name not in WEAK_FIG9 + WEAK_ABLATION[1:-1])),
+        *_table(results, WEAK_MAIN),
         "",
         "The ablation where the policy does hack: each PPO-max switch off alone, against the weak reward model at "
         "lr 1e-4:",
@@ -400,9 +402,10 @@ def main(argv: list[str] | None = None) -> None:
         if any(name in WEAK for name in args.runs):
             accuracy_file = args.work_dir / f"seed{seed}-rm-accuracy.json"
             known = json.loads(accuracy_file.read_text()) if accuracy_file.exists() else {}
-            if set(known) != set(RM_NAMES):
-                atomic_write_text(accuracy_file, json.dumps(reward_model_accuracy(art, seed, known)))
-            rm_accuracy[seed] = json.loads(accuracy_file.read_text())
+            accuracy = reward_model_accuracy(art, seed, known)
+            if accuracy != known:
+                atomic_write_text(accuracy_file, json.dumps(accuracy))
+            rm_accuracy[seed] = accuracy
         for name in args.runs:
             path = args.work_dir / f"seed{seed}-{name.replace(' ', '_').replace('/', '_')}.json"
             if not path.exists():
