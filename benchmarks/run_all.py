@@ -50,6 +50,7 @@ DEFAULTS = {
     "hh_rlhf_voting": ["--pairs", str(HH_PAIRS)],
     "hh_rlhf_trained_trunk": ["--pairs", str(HH_PAIRS)],
     "trl_reward": [],
+    "shared_prompt": [],
     "trl_ppo": [],
     "scale_out": [],
 }
@@ -99,6 +100,9 @@ def smoke_argv(name: str, out: Path) -> list[str]:
         "trl_reward": ["--pairs-file", hh, "--pairs", "16", "--repeats", "1", "--hidden-size", "32", "--layers", "1",
                        "--max-length", "64", "--json", str(own / "benchmarks-trl-reward.json"),
                        "--doc", str(own / "benchmarks.md"), *trl_contenders()],
+        "shared_prompt": ["--pairs-file", hh, "--pairs", "16", "--max-length", "64", "--hidden-size", "32", "--layers", "1",
+                          "--group-rows", "4", "--repeats", "1", "--seed", "0", "--config", str(MINI), "--rounds-dir",
+                          str(rounds), "--work-dir", str(own), "--out", str(own / "shared-prompt.md")],
         "trl_ppo": ["--iterations", "2", "--rows", "4", "--mini-batch-size", "2", "--new-tokens", "4", "--hidden-size",
                     "32", "--layers", "1", "--repeats", "1", "--json", str(own / "benchmarks-trl-ppo.json"),
                     "--doc", str(own / "benchmarks.md")],  # TRL's contender only where .bench/trl-1.12.0 is

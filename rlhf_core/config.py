@@ -359,7 +359,8 @@ class RewardTrainConfig(StrictModel):
     )
     share_prompt_group_rows: int = Field(
         4, ge=1, description="share_prompt: replies per pass, sorted by length, so that each pass pads to its own "
-        "longest (4 was the fastest of 4-32 on a 2-core CPU with batch 16; a GPU wants more)",
+        "longest (4 and 8 were the fastest of 4-32 on a 2-core CPU with batch 16, docs/shared-prompt.md; a GPU wants "
+        "more)",
     )
 
     @model_validator(mode="after")

@@ -156,6 +156,21 @@ def test_trl_reward_project_contenders_run_without_trl(out, monkeypatch):
     assert rows[2][1:3] == ["end_token+logprob", "length_grouped, prompt shared"]
 
 
+def test_shared_prompt_measures_padding_time_and_accuracy(shared_round):
+    folder = run("shared_prompt", shared_round)
+    result = json.loads((folder / "shared-prompt.json").read_text())
+    hh = result["hh"]
+    assert set(hh["settings"]) == {"0", "4"} and hh["pairs"] == 16
+    assert hh["unique_tokens"] < hh["real_tokens"]  # the prompts counted once
+    assert hh["settings"]["4"]["padded_tokens"] < hh["settings"]["0"]["padded_tokens"]
+    runs = result["sim"]["runs"]
+    assert set(runs) == {"random", "random, prompt shared", "length_grouped", "length_grouped, prompt shared"}
+    # the same batches with random batching: the same model up to float rounding, so the same held-out accuracy
+    assert runs["random, prompt shared"]["held_out_accuracy"] == pytest.approx(runs["random"]["held_out_accuracy"])
+    rows = table((folder / "shared-prompt.md").read_text(), "| rows |")
+    assert [r[0] for r in rows] == ["plain (chosen and rejected rows)", "prompt shared, replies in groups of 4"]
+
+
 @pytest.mark.slow  # a fresh Python per contender run: about a minute on 2 cores
 def test_trl_ppo_times_each_phase_of_every_contender_and_replaces_its_doc_section(out):
     import trl_ppo
