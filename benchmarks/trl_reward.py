@@ -93,6 +93,7 @@ def build_backbone(out_dir: Path, hidden_size: int, layers: int, max_length: int
 
 def run_project(backbone: Path, pairs: pd.DataFrame, read: str, batching: str, share_prompt: bool, args) -> dict:
     cfg = RewardTrainConfig(read=read, batching=batching, share_prompt=share_prompt, epochs=1,
+                            share_prompt_group_rows=args.share_prompt_group_rows,
                             batch_size=args.batch_size, max_length=args.max_length)
     t0, cpu0 = time.perf_counter(), time.process_time()
     _, _, metrics = train_reward_model(backbone, pairs, cfg, seed=args.seed)
@@ -223,6 +224,7 @@ def run_benchmark(args) -> dict:
         "setup": {"pairs": len(pairs), "pairs_file": Path(args.pairs_file).name, "batch_size": args.batch_size,
                   "epochs": 1, "dtype": "float32", "max_length": args.max_length, "hidden_size": args.hidden_size,
                   "layers": args.layers, "repeats": args.repeats, "seed": args.seed,
+                  "share_prompt_group_rows": args.share_prompt_group_rows,
                   "non_embedding_parameters": n_params,
                   "longest_pair_tokens": int(max(lengths["chosen"].max(), lengths["rejected"].max())),
                   "real_tokens": real_tokens, "same_token_ids": same_ids},
@@ -249,11 +251,12 @@ def _version(package: str) -> str | None:
         return None
 
 
-def _describe(name: str) -> str:
+def _describe(name: str, setup: dict) -> str:
     if name in TRL:
         return f"TRL sequence-classification head | {TRL[name]}"
     read, batching, share_prompt = PROJECT[name]
-    return f"{read} | {batching}{', prompt shared' if share_prompt else ''}"
+    rows = setup.get("share_prompt_group_rows", 4)  # runs before the option existed used the config default, 4
+    return f"{read} | {batching}{f', prompt shared, groups of {rows} rows' if share_prompt else ''}"
 
 
 def _times(values: dict, name: str, trl_best: str | None) -> str:
@@ -265,7 +268,7 @@ def markdown_section(result: dict) -> str:
     s, m, med, ratio = result["setup"], result["machine"], result["median_pairs_per_s"], result["ratio_vs_trl"]
     cpu, trl_best = result["median_pairs_per_cpu_s"], result["trl_best"]
     rows = "\n".join(
-        f"| {name} | {_describe(name)} | " + ", ".join(f"{r['seconds']:.1f}" for r in runs)
+        f"| {name} | {_describe(name, s)} | " + ", ".join(f"{r['seconds']:.1f}" for r in runs)
         + f" | {med[name]:.2f} | {result['mfu'][name]:.3f} | {_times(med, name, trl_best)} | "
         + ", ".join(f"{r['cpu_seconds']:.1f}" for r in runs) + f" | {_times(cpu, name, trl_best)} |"
         for name, runs in result["runs"].items()
@@ -350,6 +353,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--share-prompt-group-rows", type=int, default=8,
+                        help="reply rows per trunk pass of the shared-prompt contenders (docs/shared-prompt.md: 8 pads "
+                             "least on these pairs; the config default is 4)")
     parser.add_argument("--threads", type=int, default=0, help="torch threads; 0 = all cores")
     parser.add_argument("--contenders", nargs="+", choices=CONTENDERS, default=list(CONTENDERS))
     parser.add_argument("--json", default="docs/benchmarks-trl-reward.json")
