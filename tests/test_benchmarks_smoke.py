@@ -153,7 +153,8 @@ def test_trl_reward_project_contenders_run_without_trl(out, monkeypatch):
     rows = table((folder / "benchmarks.md").read_text(), "| contender |")
     assert [r[0] for r in rows] == ["project", "project_grouped", "project_shared_prompt"]
     assert all(r[6] == r[8] == "–" for r in rows)
-    assert rows[2][1:3] == ["end_token+logprob", "length_grouped, prompt shared"]
+    assert rows[2][1:3] == ["end_token+logprob", "length_grouped, prompt shared, groups of 8 rows"]
+    assert result["setup"]["share_prompt_group_rows"] == 8
 
 
 def test_shared_prompt_measures_padding_time_and_accuracy(shared_round):
