@@ -3,7 +3,7 @@ model seeds, because one reward model's seed moves held-out accuracy by about a 
 docs/reward-label-sources.md (+ .json).
 
     .venv/bin/python benchmarks/reward_label_sources.py [--seeds 0 1 2] [--model-seeds 0 100]
-        [--sources NAME ...] [--config configs/mini.yaml] [--rounds-dir DIR]
+        [--sources NAME ...] [--config configs/mini.yaml] [--rounds-dir DIR] [--annotator-error-max 0.5]
 
 Per seed, the round runs up to its votes (from the cache when it ran before: pass the --rounds-dir of the
 reward-modelling benchmark). Each source of SOURCES builds training pairs from the round's imported
@@ -14,6 +14,10 @@ the held-out gold pairs overall and per pair type. A source is written `[voters:
 - labels: how the pairs are labelled (LABELS);
 - voters: whose votes (VOTERS; default the round's own, faithful in-sample, 10 one-epoch voters);
 - read: `@weighted` trains the final model with `read: end_token+weighted_logprob` (default the round's read).
+
+With --annotator-error-max the round's pairs are first labelled again by noisier annotators (the world's
+Bradley-Terry annotators, each flipping at a rate drawn in [0, max]) and the round's voting recipe votes on
+those labels: Part II's methods where the labels are worse (give it its own --work-dir and --out).
 
 Every finished (seed, source, model seed) is kept as JSON in --work-dir (votes of other voters as parquet),
 so a killed run resumes and more sources or model seeds add to the same table.
@@ -35,6 +39,7 @@ import numpy as np
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 sys.path.insert(0, str(Path(__file__).parent))
 
+from reward_data_budget import relabel  # noqa: E402
 from reward_modelling import (PAPER_BAND, TYPES, _cell, add_round_arguments, gold_oriented,  # noqa: E402
                               round_config, round_pairs, round_voting, round_workdir)
 
@@ -43,31 +48,38 @@ LABELS = {  # name -> what it is (the builder is `training_pairs`)
     "gold": "gold-oriented labels, gold ties dropped (the ceiling)",
     "flip_paper": "flip, the paper's rule: reverse every pair with mean strength < 0",
     "flip_sym": "flip, the round's rule: reverse pairs with z <= -0.1 (symmetric band)",
+    "round": "the round's own denoise config (flip_margin, symmetric band 0.1, smoothing of the ambiguous band)",
     "flip_paper_ls0.1": "flip (paper rule), then label smoothing 0.1 on every pair (reward.train.label_smoothing)",
     "flipsoft2": "flip (paper rule); a flipped pair's target is sigmoid(2 |z|) instead of the annotators' p",
     "distill2": "no flip; every pair's target is the ensemble's sigmoid(2 z) (distilling the votes)",
     "drop0.2": "flip (paper rule), then drop the pairs with |z| < 0.2",
     "drop0.4": "flip (paper rule), then drop the pairs with |z| < 0.4",
+    "flip2_paper": "flip (paper rule); then the round's voting recipe votes again, trained on the flipped pairs "
+                   "(voter seeds + 500), and flips again (paper rule)",
+    "flip2oof_paper": "as flip2_paper, the second vote out of fold (voting.scheme out_of_fold, 2 folds)",
 }
+SECOND_VOTE = {"flip2_paper": {}, "flip2oof_paper": {"scheme": "out_of_fold"}}  # voting overrides of the 2nd vote
+SECOND_VOTE_SEED = 500  # the second vote's voters get other seeds (init, data order) than the first's
 VOTERS = {  # prefix -> voting.train overrides of the other voters (faithful in-sample, 10 voters)
     "wv": {"read": "end_token+weighted_logprob"},
     "v2": {"epochs": 2},
 }
 SOURCES = ("baseline", "gold", "flip_paper", "flip_paper_ls0.1", "flipsoft2", "distill2", "drop0.2", "drop0.4",
            "baseline@weighted", "flip_paper@weighted", "gold@weighted", "wv:flip_paper", "wv:flip_paper@weighted",
-           "v2:flip_paper")
+           "v2:flip_paper", "flip2_paper", "flip2oof_paper")
 
 
-def training_pairs(labels: str, pairs, votes, train_cfg):
+def training_pairs(labels: str, pairs, votes, train_cfg, revote=None, denoise_cfg=None):
     """(training pairs, reward.train config) of one LABELS entry, from the comparisons and a votes table (its z is
-    the mean strength over `voting.strength_scale`)."""
+    the mean strength over `voting.strength_scale`). `revote(pairs, overrides)`: votes on other pairs, for the
+    entries that vote twice (SECOND_VOTE)."""
     from scipy.special import expit
 
     from rlhf_core.config import DenoiseConfig
     from rlhf_core.reward.denoise import denoise
     from rlhf_core.reward.voting import bucket
 
-    def flipped_by_paper_rule():
+    def flipped_by_paper_rule(pairs=pairs, votes=votes):
         paper = votes.copy()
         paper["bucket"] = bucket(votes["z"].to_numpy(), PAPER_BAND["ambiguous_band"], symmetric=False)
         return denoise(pairs, paper, DenoiseConfig(method="flip"))[0]
@@ -78,6 +90,8 @@ def training_pairs(labels: str, pairs, votes, train_cfg):
         return gold_oriented(pairs), train_cfg
     if labels == "flip_paper":
         return flipped_by_paper_rule(), train_cfg
+    if labels == "round":
+        return denoise(pairs, votes, denoise_cfg)[0], train_cfg
     if labels == "flip_sym":
         return denoise(pairs, votes, DenoiseConfig(method="flip"))[0], train_cfg
     if labels == "flip_paper_ls0.1":
@@ -90,6 +104,11 @@ def training_pairs(labels: str, pairs, votes, train_cfg):
         out = pairs.copy()
         out["soft_label"] = expit(2 * pairs[["pair_id"]].merge(votes, on="pair_id")["z"].to_numpy())
         return out, train_cfg
+    if labels in SECOND_VOTE:
+        once = flipped_by_paper_rule()
+        twice = flipped_by_paper_rule(once, revote(once, SECOND_VOTE[labels]))
+        twice["flipped"] = twice["flipped"] != once["flipped"].to_numpy()  # against the annotators' order
+        return twice, train_cfg
     if labels.startswith("drop"):
         out = flipped_by_paper_rule()
         return out[np.abs(out["z"]) >= float(labels[len("drop"):])], train_cfg
@@ -105,22 +124,23 @@ def parse_source(source: str) -> tuple[str | None, str, bool]:
     return voters or None, labels, read == "weighted"
 
 
-def other_votes(key: str, policy, pairs, cfg, work: Path):
-    """The votes of VOTERS[key] on the round's pairs (kept as parquet in `work`)."""
+def other_votes(key: str, policy, pairs, cfg, work: Path, overrides: dict, seed_offset: int = 0):
+    """The votes of the round's voting config with `overrides` on `pairs` (kept as parquet in `work` under
+    `key`)."""
     from rlhf_core.artifacts import atomic_write
     from rlhf_core.reward.voting import vote
     from rlhf_core.schemas import read_table
 
     path = work / f"votes-{key}-seed{cfg.seed}.parquet"
     if not path.exists():
-        vcfg = round_voting(cfg, {"train": cfg.voting.train.model_copy(update=VOTERS[key])})
-        votes, report = vote(policy, pairs, vcfg, seed=cfg.seed)
+        votes, report = vote(policy, pairs, round_voting(cfg, overrides), seed=cfg.seed + seed_offset)
         print("voted", key, cfg.seed, report, flush=True)
         atomic_write(path, lambda f: votes.to_parquet(f, index=False))
     return read_table("votes", path)
 
 
-def run_seed(cfg, sources: list[str], model_seeds: list[int], work: Path) -> list[dict]:
+def run_seed(cfg, sources: list[str], model_seeds: list[int], work: Path, annotator_error_max: float | None = None
+             ) -> list[dict]:
     from flows.round import rlhf_round
     from rlhf_core.artifacts import atomic_write_text
     from rlhf_core.reward.train import pair_reward_diffs, train_reward_model
@@ -130,12 +150,23 @@ def run_seed(cfg, sources: list[str], model_seeds: list[int], work: Path) -> lis
     seed = cfg.seed
     art = rlhf_round(config=cfg, stop_after="vote")["artifacts"]
     policy, pairs, eval_pairs = round_pairs(art, seed)
-    round_votes = read_table("votes", Path(art["vote"]["path"]) / "votes.parquet")
+    if annotator_error_max is None:
+        round_votes = read_table("votes", Path(art["vote"]["path"]) / "votes.parquet")
+    else:  # the same pairs labelled by noisier annotators, and the round's voting recipe on those labels
+        pairs = relabel(pairs, {"annotator_temperature": cfg.world.annotator_temperature,
+                                "annotator_error_max": annotator_error_max}, seed)
+        round_votes = other_votes("relabelled", policy, pairs, cfg, work, {})
     rows = []
     for source in sources:
         voters, labels, weighted = parse_source(source)
-        votes = other_votes(voters, policy, pairs, cfg, work) if voters else round_votes
-        train, train_cfg = training_pairs(labels, pairs, votes, cfg.reward.train)
+        overrides = {"train": cfg.voting.train.model_copy(update=VOTERS[voters])} if voters else {}
+        votes = other_votes(voters, policy, pairs, cfg, work, overrides) if voters else round_votes
+
+        def revote(flipped, second):
+            return other_votes(f"{voters or 'round'}-{labels}", policy, flipped, cfg, work, overrides | second,
+                               SECOND_VOTE_SEED)
+
+        train, train_cfg = training_pairs(labels, pairs, votes, cfg.reward.train, revote, cfg.denoise)
         if weighted:
             train_cfg = train_cfg.model_copy(update={"read": "end_token+weighted_logprob"})
         gold = gold_difference(train["prompt"], train["chosen"], train["rejected"])
@@ -156,7 +187,7 @@ def run_seed(cfg, sources: list[str], model_seeds: list[int], work: Path) -> lis
     return rows
 
 
-def write_report(rows: list[dict], out: Path) -> None:
+def write_report(rows: list[dict], out: Path, annotator_error_max: float | None = None) -> None:
     import pandas as pd
 
     df = pd.DataFrame(rows)
@@ -172,6 +203,10 @@ def write_report(rows: list[dict], out: Path) -> None:
         "Cells: per seed the mean over its model seeds, then the mean over seeds (min..max over seeds). Δ is against "
         "the baseline (raw labels, the round's read) of the same seed, in points. Held-out gold accuracy; "
         "gold-tied pairs left out.",
+        *([] if annotator_error_max is None else [
+            f"Labels: the round's pairs labelled again by annotators who flip at a rate drawn in [0, "
+            f"{annotator_error_max:g}] (`--annotator-error-max`; the world's: [0, 0.2]), voted on by the round's "
+            "voting recipe; every source is built from those labels and votes."]),
         "",
         "| source | what | overall | Δ vs baseline: mean (per seed) | " + " | ".join(t.replace("_", " ") for t in TYPES)
         + " | label accuracy | pairs |",
@@ -213,6 +248,10 @@ def main(argv: list[str] | None = None) -> None:
                         help="[voters:]labels[@weighted], e.g. flip_paper, gold@weighted, v2:flip_paper")
     parser.add_argument("--out", type=Path, default=Path("docs/reward-label-sources.md"))
     parser.add_argument("--work-dir", type=Path, default=Path("rlhf-runs/benchmarks/reward-label-sources"))
+    parser.add_argument("--annotator-error-max", type=float, default=None,
+                        help="label the round's pairs again with annotators who flip at a rate drawn in [0, this] "
+                        "(the world's annotator_error_max: 0.2), vote on those labels with the round's recipe, and "
+                        "build every source from them; use its own --work-dir and --out")
     add_round_arguments(parser)
     args = parser.parse_args(argv)
     for source in args.sources:
@@ -221,8 +260,8 @@ def main(argv: list[str] | None = None) -> None:
     rows = []
     for seed in args.seeds:
         cfg = round_config(args.config, seed, round_workdir(args.rounds_dir, seed, args.work_dir / f"round-seed{seed}"))
-        rows += run_seed(cfg, args.sources, args.model_seeds, args.work_dir)
-    write_report(rows, args.out)
+        rows += run_seed(cfg, args.sources, args.model_seeds, args.work_dir, args.annotator_error_max)
+    write_report(rows, args.out, args.annotator_error_max)
     print(f"wrote {args.out}")
 
 

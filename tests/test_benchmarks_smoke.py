@@ -359,7 +359,37 @@ def test_reward_label_sources_every_source_and_model_seed(shared_round):
     assert [r[0] for r in table(text, "| source | what |")] == list(run_all.SMOKE_LABEL_SOURCES)
     assert table(text, "| source | what |")[0][3].startswith("+0.0")  # the baseline against itself
     assert (folder / "votes-v2-seed0.parquet").is_file()
+    # the second vote: on the flipped pairs, with its own voters; the final labels differ from the first flip's
+    from rlhf_core.schemas import read_table
+
+    second = read_table("votes", folder / "votes-round-flip2oof_paper-seed0.parquet")
+    assert len(second) == len(pairs) and second["z"].notna().all()
     kept_and_read_back("reward_label_sources", shared_round, sorted((folder / "seed0").glob("*.json")))
+
+
+@pytest.mark.slow
+def test_reward_label_sources_with_noisier_annotators(shared_round, tmp_path):
+    """--annotator-error-max: the sources are built from the pairs labelled again by noisier annotators."""
+    import reward_label_sources
+    from flows.round import rlhf_round
+    from reward_data_budget import relabel
+    from reward_modelling import round_config, round_pairs
+
+    from rlhf_core.sim.metrics import gold_agreement_of_pairs
+
+    out = tmp_path / "noisy.md"
+    reward_label_sources.main(["--seeds", "0", "--model-seeds", "0", "--sources", "baseline", "round",
+                               "--config", str(run_all.MINI), "--rounds-dir", str(shared_round / "rounds"),
+                               "--annotator-error-max", "0.5", "--work-dir", str(tmp_path / "work"),
+                               "--out", str(out)])
+    rows = {r["source"]: r for r in json.loads(out.with_suffix(".json").read_text())}
+    cfg = round_config(str(run_all.MINI), 0, shared_round / "rounds" / "round-seed0")
+    _, pairs, _ = round_pairs(rlhf_round(config=cfg, stop_after="import_annotations")["artifacts"], 0)
+    noisy = relabel(pairs, {"annotator_temperature": cfg.world.annotator_temperature, "annotator_error_max": 0.5}, 0)
+    assert rows["baseline"]["label_accuracy"] == pytest.approx(gold_agreement_of_pairs(noisy))
+    assert rows["baseline"]["label_accuracy"] < gold_agreement_of_pairs(pairs)  # the noisier annotators' labels
+    assert (tmp_path / "work" / "votes-relabelled-seed0.parquet").is_file()
+    assert "annotators who flip at a rate drawn in [0, 0.5]" in out.read_text()
 
 
 @pytest.mark.slow
@@ -398,6 +428,12 @@ def test_ppo_max_runs_against_the_three_reward_models(shared_round):
     assert [r[0] for r in weak_table] == list(ppo_max.RM_NAMES.values())
     accuracy = json.loads((folder / "seed0-rm-accuracy.json").read_text())
     assert weak_table[1][1] == f"{accuracy['weak']['all']:.3f}"
+    # section 8: the noisier annotators' labels, before and after the round's denoising, as kept beside the round
+    labels = json.loads((shared_round / "rounds" / "round-seed0" / "noisy-annotators" / "labels.json").read_text())
+    (noisy_row,) = table(text.split("## 8.")[1], "| seed |")
+    assert noisy_row == ["0", *(f"{labels[k]:.3f}" for k in ("gold_agreement_before", "gold_agreement_after",
+                                                              "share_flipped", "flip_precision"))]
+    assert (folder / "figures" / "ppo-no-kl-noisy-labels.png").is_file()
     assert (folder / "figures" / "ppo-max-vs-vanilla.png").is_file()
     kept_and_read_back("ppo_max", shared_round, sorted(folder.glob("seed0-*.json")))
 
