@@ -94,9 +94,12 @@ RUNS = {  # name -> (overrides over the round's own PPO config, reward model the
     # section 8: Part II Fig. 9 where denoising has more to fix: the round's recipe on noisier annotators' labels
     **{f"no KL, noisy-label {rm} RM{lr_name}": ({"kl_coef": 0.0} | lr, f"noisy_{rm}")
        for rm in ("baseline", "denoised") for lr_name, lr in (("", {}), (", policy lr 1e-4", {"policy_lr": 1e-4}))},
+    # ... and the weak recipe on those labels: reward models that can be hacked, further apart
+    **{f"no KL, weak RM, noisy-label {rm}, policy lr 1e-4": ({"kl_coef": 0.0, "policy_lr": 1e-4}, f"weak_noisy_{rm}")
+       for rm in ("baseline", "denoised")},
 }
-WEAK = tuple(name for name in RUNS if RUNS[name][1].startswith("weak"))
-NOISY = tuple(name for name in RUNS if RUNS[name][1].startswith("noisy"))
+WEAK = tuple(name for name in RUNS if RUNS[name][1] in ("weak", "weak_denoised"))
+NOISY = tuple(name for name in RUNS if "noisy" in RUNS[name][1])
 # the noisier annotators of section 8: each flips labels at a rate drawn in [0, 0.5] instead of [0, 0.2]; their raw
 # agreement with gold, about 0.64, is still inside issue 8's 63-75 % (the world's own: about 0.70)
 NOISY_ANNOTATORS = {"annotator_temperature": 0.9, "annotator_error_max": 0.5}
@@ -184,17 +187,20 @@ def noisy_reward_models(cfg, sft_dir: str, pairs) -> dict:
                "gold_agreement_after": gold_agreement_of_pairs(denoised),
                "flip_precision": gold_agreement_of_pairs(denoised[denoised["flipped"]])}
     atomic_write_text(folder / "labels.json", json.dumps(report))
-    return {"noisy_baseline": extra_reward_model(workdir / "noisy-baseline-reward-model", sft_dir, noisy,
-                                                 cfg.reward.train, seed),
-            "noisy_denoised": extra_reward_model(workdir / "noisy-denoised-reward-model", sft_dir, denoised,
-                                                 cfg.reward.train, seed),
-            "noisy_labels": report}
+    weak_cfg = cfg.reward.train.model_copy(update={"read": "end_token"})
+    models = {f"{prefix}noisy_{labels}": extra_reward_model(workdir / f"{prefix.replace('_', '-')}noisy-{labels}-reward-model",
+                                                            sft_dir, pairs, train_cfg, seed)
+              for prefix, train_cfg in (("", cfg.reward.train), ("weak_", weak_cfg))
+              for labels, pairs in (("baseline", noisy), ("denoised", denoised))}
+    return {**models, "noisy_labels": report}
 
 
 RM_NAMES = {"denoised": "the round's (end token + log-likelihood, denoised labels)",
             "weak": "weak (end token only, raw labels)", "weak_denoised": "weak recipe, denoised labels",
             "noisy_baseline": "the round's recipe, noisier annotators' labels (section 8)",
-            "noisy_denoised": "the round's recipe, noisier annotators' labels voted on and denoised (section 8)"}
+            "noisy_denoised": "the round's recipe, noisier annotators' labels voted on and denoised (section 8)",
+            "weak_noisy_baseline": "weak recipe, noisier annotators' labels (section 8)",
+            "weak_noisy_denoised": "weak recipe, noisier annotators' labels voted on and denoised (section 8)"}
 
 
 def reward_model_accuracy(art: dict, seed: int, known: dict) -> dict:
@@ -429,6 +435,9 @@ def write_report(results: dict[str, list[dict]], sft: dict[int, dict], out: Path
         *_noisy_labels_table(noisy_labels),
         "",
         *_table(results, NOISY),
+        "",
+        figure(("no KL, weak RM, noisy-label baseline, policy lr 1e-4", "no KL, weak RM, noisy-label denoised, "
+                "policy lr 1e-4"), "ppo-no-kl-weak-noisy-labels.png"),
         "",
         figure(("no KL, noisy-label baseline RM, policy lr 1e-4", "no KL, noisy-label denoised RM, policy lr 1e-4"),
                "ppo-no-kl-noisy-labels.png"),
