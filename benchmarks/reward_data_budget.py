@@ -84,6 +84,24 @@ def relabel(pairs, annotators: dict, seed: int):
     return out
 
 
+def noisier_labels(cfg, policy: str, pairs, error_max: float, votes_path: Path):
+    """(the round's pairs labelled again by the world's annotators, each now flipping at a rate drawn in
+    [0, error_max], the round's voting recipe's votes on those labels): the votes are kept at `votes_path`, so a
+    re-run reads them back."""
+    from rlhf_core.artifacts import atomic_write
+    from rlhf_core.reward.voting import vote
+    from rlhf_core.schemas import read_table
+
+    noisy = relabel(pairs, {"annotator_temperature": cfg.world.annotator_temperature,
+                            "annotator_error_max": error_max}, cfg.seed)
+    if not votes_path.exists():
+        votes, report = vote(policy, noisy, cfg.voting, seed=cfg.seed, progress=True)
+        print("voted on the noisier labels", cfg.seed, report, flush=True)
+        votes_path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(votes_path, lambda f: votes.to_parquet(f, index=False))
+    return noisy, read_table("votes", votes_path)
+
+
 def denoise_variant(pairs, votes, overrides: dict, rule: str):
     """The pairs denoised by `votes` with DenoiseConfig(**overrides), the votes bucketed by `rule`."""
     from rlhf_core.config import DenoiseConfig

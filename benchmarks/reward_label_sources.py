@@ -39,7 +39,7 @@ import numpy as np
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 sys.path.insert(0, str(Path(__file__).parent))
 
-from reward_data_budget import relabel  # noqa: E402
+from reward_data_budget import noisier_labels  # noqa: E402
 from reward_modelling import (PAPER_BAND, TYPES, _cell, add_round_arguments, gold_oriented,  # noqa: E402
                               round_config, round_pairs, round_voting, round_workdir)
 
@@ -153,9 +153,8 @@ def run_seed(cfg, sources: list[str], model_seeds: list[int], work: Path, annota
     if annotator_error_max is None:
         round_votes = read_table("votes", Path(art["vote"]["path"]) / "votes.parquet")
     else:  # the same pairs labelled by noisier annotators, and the round's voting recipe on those labels
-        pairs = relabel(pairs, {"annotator_temperature": cfg.world.annotator_temperature,
-                                "annotator_error_max": annotator_error_max}, seed)
-        round_votes = other_votes("relabelled", policy, pairs, cfg, work, {})
+        pairs, round_votes = noisier_labels(cfg, policy, pairs, annotator_error_max,
+                                            work / f"votes-relabelled-seed{seed}.parquet")
     rows = []
     for source in sources:
         voters, labels, weighted = parse_source(source)
