@@ -29,6 +29,7 @@ import argparse
 import json
 import os
 import platform
+import shlex
 import sys
 import time
 from datetime import datetime, timezone
@@ -186,7 +187,7 @@ def run_seed(cfg, sources: list[str], model_seeds: list[int], work: Path, annota
     return rows
 
 
-def write_report(rows: list[dict], out: Path, annotator_error_max: float | None = None) -> None:
+def write_report(rows: list[dict], out: Path, annotator_error_max: float | None = None, command: str = "") -> None:
     import pandas as pd
 
     df = pd.DataFrame(rows)
@@ -196,7 +197,7 @@ def write_report(rows: list[dict], out: Path, annotator_error_max: float | None 
     lines = [
         "# Which labels from the round's votes make the best final reward model",
         "",
-        f"Measured {datetime.now(timezone.utc):%Y-%m-%d} by `benchmarks/reward_label_sources.py`, seeds "
+        f"Measured {datetime.now(timezone.utc):%Y-%m-%d} by `{command or 'benchmarks/reward_label_sources.py'}`, seeds "
         f"{[int(s) for s in seeds]}, model seeds {[int(s) for s in model_seeds]}, {os.cpu_count()} cores "
         f"({platform.machine()}), no GPU. A source is `[voters:]labels[@read]` (the script's docstring).",
         "Cells: per seed the mean over its model seeds, then the mean over seeds (min..max over seeds). Δ is against "
@@ -260,7 +261,8 @@ def main(argv: list[str] | None = None) -> None:
     for seed in args.seeds:
         cfg = round_config(args.config, seed, round_workdir(args.rounds_dir, seed, args.work_dir / f"round-seed{seed}"))
         rows += run_seed(cfg, args.sources, args.model_seeds, args.work_dir, args.annotator_error_max)
-    write_report(rows, args.out, args.annotator_error_max)
+    command = shlex.join(["benchmarks/reward_label_sources.py", *(sys.argv[1:] if argv is None else argv)])
+    write_report(rows, args.out, args.annotator_error_max, command)
     print(f"wrote {args.out}")
 
 
