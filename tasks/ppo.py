@@ -22,7 +22,9 @@ from tasks.launch import run_worker
 from tasks.plots import ppo_curves
 
 WORKER = "rlhf_core.workers.ppo"
-VERSION = "3"  # 3: each prompt's responses drawn with a seed of its rollout index (the same on any number of ranks)
+# 4: the rollout's policy log-probs from generation's logits; 3: each prompt's responses drawn with a seed of its
+# rollout index (the same on any number of ranks)
+VERSION = "4"
 
 
 @task(name="ppo", version=VERSION, cache_policy=NO_CACHE)

@@ -22,6 +22,10 @@ from tasks.common import RunContext, StageRun, run_stage
 
 WORLD_VERSION = "2"
 SFT_VERSION = "2"
+# The world fields each stage reads, and so its cache key: the annotators' settings change the labels,
+# not the prompt pool or the SFT policy, so a noisier crowd reuses both.
+POOL_FIELDS = {"n_prompts", "n_eval_prompts", "max_operand", "operations", "result_tags"}
+SFT_FIELDS = {"max_operand", "operations", "demo_correct_prob", "demo_style_prob"}
 
 
 @task(name="world", version=WORLD_VERSION, cache_policy=NO_CACHE)
@@ -38,7 +42,7 @@ def build_world(ctx: RunContext, cfg: WorldConfig, seed: int) -> ArtifactRef:
                 "world/mean_tags": float(pool["tags"].map(len).mean())}
 
     return run_stage(ctx, stage="world", version=WORLD_VERSION, kind="prompts",
-                     config={"world": cfg.model_dump(), "seed": seed}, inputs={}, produce=produce)
+                     config={"world": cfg.model_dump(include=POOL_FIELDS), "seed": seed}, inputs={}, produce=produce)
 
 
 @task(name="sft", version=SFT_VERSION, cache_policy=NO_CACHE)
@@ -70,7 +74,8 @@ def train_sft_policy(ctx: RunContext, world: WorldConfig, model_cfg: PolicyModel
     model_config = model_cfg.model_dump(exclude={"pretrained"})
     if pretrained is not None:
         model_config = {"pretrained": model_cfg.pretrained, "pretrained_digest": content_digest(pretrained)[0]}
-    config = {"world": world.model_dump(), "model": model_config, "sft": cfg.model_dump(), "seed": seed}
+    config = {"world": world.model_dump(include=SFT_FIELDS), "model": model_config, "sft": cfg.model_dump(),
+              "seed": seed}
     return run_stage(ctx, stage="sft", version=SFT_VERSION, kind="policy", config=config,
                      inputs={"prompts": prompts}, produce=produce, register_as="rlhf-sft-policy")
 

@@ -73,3 +73,38 @@ def test_a_cache_hit_on_a_new_mlflow_store_logs_the_per_step_metrics_the_miss_lo
 
     assert once(context("miss.db")) == ("miss", [(1, 0.5), (2, 0.25), (2, 0.3)])  # as logged, live
     assert once(context("hit.db")) == ("hit", [(1, 0.5), (2, 0.3)])
+
+
+def test_a_noisier_crowd_reuses_the_prompt_pool_and_the_sft_policy_but_other_demonstrations_do_not(tmp_path):
+    """The world and SFT stages are keyed on the world fields they read (tasks.world.POOL_FIELDS,
+    SFT_FIELDS): the annotators' settings change the labels only."""
+    from rlhf_core.config import PolicyModelConfig, SFTConfig, WorldConfig
+    from tasks.world import build_world, train_sft_policy
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    ctx = RunContext(workdir=str(tmp_path), tracking_uri=uri, experiment="world-keys",
+                     parent_run_id=Tracker(uri, "world-keys").start_run("round", {}), round_name="t")
+    model, sft = PolicyModelConfig(hidden_size=16, intermediate_size=32), SFTConfig(steps=2, batch_size=4)
+
+    def stages(world: WorldConfig) -> tuple[ArtifactRef, ArtifactRef]:
+        prompts = build_world.fn(ctx, world, seed=0)
+        return prompts, train_sft_policy.fn(ctx, world, model, sft, prompts, seed=0)
+
+    base = WorldConfig(n_prompts=10, n_eval_prompts=4)
+    records: list[logging.LogRecord] = []  # on the logger itself: Prefect's logging setup replaces the root's handlers
+    handler, logger = logging.Handler(logging.INFO), logging.getLogger("rlhf")
+    handler.emit, old_level = records.append, logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    try:
+        first = stages(base)
+        noisier = stages(base.model_copy(update={"annotator_error_max": 0.4, "annotator_temperature": 2.0,
+                                                  "n_annotators": 3}))
+        other_demos = stages(base.model_copy(update={"demo_correct_prob": 0.9}))
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(old_level)
+    served = [r.getMessage().split(":")[0] for r in records if "served from the cache" in r.getMessage()]
+    assert noisier == first
+    assert served == ["stage world", "stage sft", "stage world"]  # the third SFT ran: its demonstrations changed
+    assert other_demos[0] == first[0] and other_demos[1] != first[1]

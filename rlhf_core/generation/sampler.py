@@ -25,6 +25,7 @@ class Rollout:
     response_ids: torch.Tensor  # (B, Tr) pad after the first eos; Tr <= max_new_tokens
     response_mask: torch.Tensor  # (B, Tr) 1 up to and including the first eos
     texts: list[str]  # decoded responses, without eos / pad / special tokens
+    logits: torch.Tensor | None = None  # (B, Tr, V) the model's raw logits at each step (`return_logits`)
 
 
 def response_mask_from_ids(response_ids: torch.Tensor, eos_token_id: int) -> torch.Tensor:
@@ -108,6 +109,7 @@ def sample_batch(
     generator_seed: int | None = None,
     repetition_penalty: float = 1.0,
     row_seeds: list[int] | None = None,
+    return_logits: bool = False,
 ) -> Rollout:
     """Sample one response per query (KV cache). Deterministic for a given `generator_seed`.
 
@@ -119,6 +121,9 @@ def sample_batch(
     `row_seeds` (one per query): row i draws from its own stream seeded with row_seeds[i], by Gumbel-max
     (`RowGumbelNoise`), so a row's tokens do not depend on the rows beside it: PPO's data-parallel ranks
     each sample their share of a rollout and together draw what one process draws. Same distribution.
+
+    `return_logits`: keep the model's logits of every step (before temperature, top-k/p or noise), so PPO
+    takes the policy's log-probs from generation instead of a second forward pass over the same tokens.
     """
     # Left padding whatever the tokenizer's default: generation appends at the right edge.
     # add_special_tokens=False: many tokenizers would otherwise append eos (or prepend bos) to a query.
@@ -154,11 +159,14 @@ def sample_batch(
             use_cache=True,
             repetition_penalty=1.0,  # transformers' own (pad-blind) penalty off; ours is in `processors`
             logits_processor=processors,
+            output_logits=return_logits,
+            return_dict_in_generate=True,
             **generate_kwargs,
-        )  # (B, Tq + Tr)
+        )
+    logits = torch.stack(out.logits, dim=1) if return_logits else None  # (B, Tr, V)
 
-    response_ids = out[:, query_ids.shape[1] :]  # (B, Tr)
+    response_ids = out.sequences[:, query_ids.shape[1] :]  # (B, Tr)
     response_mask = response_mask_from_ids(response_ids, tokenizer.eos_token_id)
     response_ids = response_ids.masked_fill(response_mask == 0, tokenizer.pad_token_id)
     texts = decode_responses(tokenizer, response_ids, response_mask)
-    return Rollout(query_ids, query_mask, response_ids, response_mask, texts)
+    return Rollout(query_ids, query_mask, response_ids, response_mask, texts, logits)

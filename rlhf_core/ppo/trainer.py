@@ -146,9 +146,11 @@ def rollout(policy, reference, critic, tokenizer, reward_fn: RewardFn, prompts: 
     reference) and values."""
     queries = [format_query(tokenizer, p) for p in prompts]
     sample = sample_batch(policy, tokenizer, queries, cfg.max_new_tokens, cfg.temperature, cfg.top_p,
-                          row_seeds=seeds)
+                          row_seeds=seeds, return_logits=True)
     device = sample.response_ids.device
-    logits = response_logits(policy, sample, cfg.temperature)  # (B, T, V)
+    # the policy's logits come from generation (KV cache), not a second forward over the same tokens: they
+    # equal `response_logits(policy, sample, ...)` up to float rounding (tests/test_ppo_rollout.py)
+    logits = sample.logits / cfg.temperature  # (B, T, V)
     ref_logits = response_logits(reference, sample, cfg.temperature)
     return Experience(
         query_ids=sample.query_ids,
