@@ -149,7 +149,7 @@ def rollout(policy, reference, critic, tokenizer, reward_fn: RewardFn, prompts: 
                           row_seeds=seeds, return_logits=True)
     device = sample.response_ids.device
     # the policy's logits come from generation (KV cache), not a second forward over the same tokens: they
-    # equal `response_logits(policy, sample, ...)` up to float rounding (tests/test_ppo_rollout.py)
+    # equal `response_logits(policy, sample, ...)` up to float rounding (tests/test_ppo.py)
     logits = sample.logits / cfg.temperature  # (B, T, V)
     ref_logits = response_logits(reference, sample, cfg.temperature)
     return Experience(
