@@ -46,6 +46,9 @@ from reward_modelling import add_round_arguments, round_config, round_workdir  #
 
 LONG = 150  # the longer budget of section 5: does vanilla PPO hack the reward model given time?
 OLD_DEMO = {"kl_coef": 1.0, "policy_lr": 1e-4, "ptx_coef": 1.0, "critic_warmup_steps": 16}  # the demo before 2026-11-23
+# section 8's budgets, in the order they were added: does a policy pushed harder hack the raw-label model alone?
+NOISY_RATES = (("", {}), (", policy lr 1e-4", {"policy_lr": 1e-4}), (", policy lr 3e-4", {"policy_lr": 3e-4}),
+               (", policy lr 1e-4, 150 iterations", {"policy_lr": 1e-4, "iterations": LONG}))
 SWITCHES_OFF = (  # the ablations at lr 1e-4: (name, the override that turns one PPO-max switch off)
     ("- reward normalisation", {"reward_norm": False}), ("- advantage whitening", {"norm_adv": False}),
     ("- value clipping", {"clip_vloss": False}), ("- critic warm-up", {"critic_warmup_steps": 0}),
@@ -93,7 +96,7 @@ RUNS = {  # name -> (overrides over the round's own PPO config, reward model the
     "vanilla, weak RM, 150 iterations": ({"preset": "vanilla", "iterations": LONG}, "weak"),
     # section 8: Part II Fig. 9 where denoising has more to fix: the round's recipe on noisier annotators' labels
     **{f"no KL, noisy-label {rm} RM{lr_name}": ({"kl_coef": 0.0} | lr, f"noisy_{rm}")
-       for rm in ("baseline", "denoised") for lr_name, lr in (("", {}), (", policy lr 1e-4", {"policy_lr": 1e-4}))},
+       for rm in ("baseline", "denoised") for lr_name, lr in NOISY_RATES},
     # ... and the weak recipe on those labels: reward models that can be hacked, further apart
     **{f"no KL, weak RM, noisy-label {rm}, policy lr 1e-4": ({"kl_coef": 0.0, "policy_lr": 1e-4}, f"weak_noisy_{rm}")
        for rm in ("baseline", "denoised")},
@@ -435,6 +438,9 @@ def write_report(results: dict[str, list[dict]], sft: dict[int, dict], out: Path
         "",
         figure(("no KL, noisy-label baseline RM, policy lr 1e-4", "no KL, noisy-label denoised RM, policy lr 1e-4"),
                "ppo-no-kl-noisy-labels.png"),
+        "",
+        figure(("no KL, noisy-label baseline RM, policy lr 3e-4", "no KL, noisy-label denoised RM, policy lr 3e-4"),
+               "ppo-no-kl-noisy-labels-lr3e-4.png"),
         "",
     ]
     out.write_text("\n".join(lines) + "\n")

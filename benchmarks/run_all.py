@@ -48,6 +48,7 @@ DEFAULTS = {
     "reward_label_sources": [],
     "reward_backbone_depth": ["--layers", "4"],  # the run docs/reward-modelling.md quotes
     "reward_data_budget": [],
+    "metarm_shift": [],
     "ppo_max": [],
     "hh_rlhf_voting": ["--pairs", str(HH_PAIRS)],
     "hh_rlhf_trained_trunk": ["--pairs", str(HH_PAIRS)],
@@ -95,6 +96,7 @@ def smoke_argv(name: str, out: Path) -> list[str]:
                                   "--work-dir", str(own)],  # 1 layer: configs/mini.yaml's own, so the shared round
         "reward_data_budget": [*seed0_round, "--variants", "demo", "flip-type noise",
                                "--out", str(own / "reward-data-budget.md")],
+        "metarm_shift": [*seed0_round, "--etas", "0.1", "--eval-samples", "2", "--out", str(own / "metarm-shift.md")],
         "ppo_max": [*seed0_round, "--runs", *SMOKE_PPO_RUNS, "--out", str(own / "ppo-max-benchmark.md")],
         "hh_rlhf_voting": ["--pairs", hh, "--seeds", "0", "--steps", "20", "--out", str(own / "hh-rlhf-voting.md")],
         "hh_rlhf_trained_trunk": ["--pairs", hh, "--seeds", "0", "--work-dir", str(own),

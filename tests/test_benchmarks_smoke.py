@@ -423,8 +423,8 @@ def test_ppo_max_runs_against_the_three_reward_models(shared_round):
     text = (folder / "ppo-max-benchmark.md").read_text()
     assert f"{MINI_PPO_ITERATIONS} iterations\nx 4 prompts x 2 responses" in text  # the config it ran, named
     assert [r[0] for r in table(text, "| run |")] == ["ppo-max", "vanilla"]  # section 1: the runs that ran
-    # the figures of section 6 (150 iterations), 7 (lr 1e-4) and 8's weak recipe: not asked for
-    assert text.count("(not run)") == 3
+    # the figures of section 6 (150 iterations), 7 (lr 1e-4), 8's weak recipe and 8's lr 3e-4: not asked for
+    assert text.count("(not run)") == 4
     weak_table = table(text.split("## 7.")[1], "| reward model |")
     assert [r[0] for r in weak_table] == list(ppo_max.RM_NAMES.values())
     accuracy = json.loads((folder / "seed0-rm-accuracy.json").read_text())
@@ -456,6 +456,42 @@ def test_reward_modelling_every_section(shared_round):
     for section in ("## 1.", "## 2.", "## 3.", "## 4.", "### 4b.", "## 5."):
         assert text.count(section) == 1, section
     kept_and_read_back("reward_modelling", shared_round, sorted(folder.glob("seed0*.json")))
+
+
+@pytest.mark.slow
+def test_metarm_shift_pairs_every_model_with_the_vanilla_one(shared_round):
+    import metarm_shift
+
+    folder = run("metarm_shift", shared_round)
+    (result,) = json.loads((folder / "metarm-shift.json").read_text())
+    names = metarm_shift.model_names([0.1])
+    assert list(result["models"]) == names
+    n = result["n_drifted_pairs"]
+    for model in result["models"].values():
+        assert len(model["drifted_right"]) == n
+        # gold ties are dropped, so every pair is decided and "all" is the share right
+        assert model["drifted"]["all"] == pytest.approx(sum(model["drifted_right"]) / n)
+    rows = table((folder / "metarm-shift.md").read_text(), "| model |")
+    assert [r[0] for r in rows] == names
+    vanilla, meta = result["models"]["vanilla"]["drifted_right"], result["models"]["MetaRM, eta 0.1"]["drifted_right"]
+    b, c = metarm_shift.paired(vanilla, meta)
+    assert rows[2][3] == f"{b} / {c}"
+    kept_and_read_back("metarm_shift", shared_round, sorted(folder.glob("seed0-*.json")))
+
+
+def test_the_sign_test_is_exact_and_two_sided():
+    from metarm_shift import paired, paired_by_prompt, sign_test_p
+
+    assert sign_test_p(5, 0) == pytest.approx(2 / 32)
+    assert sign_test_p(0, 5) == sign_test_p(5, 0)
+    assert sign_test_p(10, 2) == pytest.approx(2 * (1 + 12 + 66) / 4096)
+    assert sign_test_p(3, 3) == 1.0 and sign_test_p(0, 0) == 1.0
+    assert paired([True, True, False, False], [True, False, True, True]) == (2, 1)
+    with pytest.raises(ValueError, match="different pairs"):
+        paired([True], [True, False])
+    # prompt a: other fixes one pair and breaks one (a tie); b: other fixes one; c: vanilla alone right
+    vanilla, other = [True, False, False, True], [False, True, True, False]
+    assert paired_by_prompt(vanilla, other, ["a", "a", "b", "c"]) == (1, 1)
 
 
 def test_reward_data_budget_relabels_like_the_worlds_annotators():
