@@ -92,9 +92,10 @@ def held_out_pairs(work: Path, seed: int, art: dict, eval_samples: int):
     return out
 
 
-def train_and_score(name: str, etas: dict[str, float], cfg, art: dict, samples, drifted, sft_pairs,
+def train_and_score(name: str, meta_etas: dict[str, float], cfg, art: dict, samples, drifted, sft_pairs,
                     model_seed: int) -> dict:
-    """One model of the seed: trained on the round's denoised pairs, scored on both sets of held-out pairs."""
+    """One model of the seed: trained on the round's denoised pairs, scored on both sets of held-out pairs.
+    `meta_etas`: the MetaRM models' names -> their step size; any other name is trained without the meta step."""
     from rlhf_core.config import MetaRMConfig
     from rlhf_core.reward.train import pair_reward_diffs, train_reward_model
     from rlhf_core.schemas import read_table
@@ -102,12 +103,12 @@ def train_and_score(name: str, etas: dict[str, float], cfg, art: dict, samples, 
 
     train_cfg = cfg.reward.train
     seed = cfg.seed + model_seed + (CONTROL_SEED_OFFSET if "control" in name else 0)
-    if name in etas:
-        train_cfg = train_cfg.model_copy(update={"meta": MetaRMConfig(enabled=True, inner_lr=etas[name])})
+    if name in meta_etas:
+        train_cfg = train_cfg.model_copy(update={"meta": MetaRMConfig(enabled=True, inner_lr=meta_etas[name])})
     denoised = read_table("denoised", Path(art["denoise"]["path"]) / "denoised.parquet")
     t0 = time.time()
     model, tok, report = train_reward_model(art["sft"]["path"], denoised, train_cfg, seed=seed,
-                                            meta_samples=samples if name in etas else None)
+                                            meta_samples=samples if name in meta_etas else None)
     seconds = time.time() - t0
     drifted_diffs = pair_reward_diffs(model, tok, drifted, train_cfg.max_length)
     sft_diffs = pair_reward_diffs(model, tok, sft_pairs, train_cfg.max_length)
