@@ -43,7 +43,7 @@ os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 sys.path.insert(0, str(Path(__file__).parent))
 
 from reward_modelling import (META_SAMPLES_PER_PROMPT, SHIFT_PPO, TYPES, _cell, add_round_arguments,  # noqa: E402
-                              meta_samples, round_config, round_workdir)
+                              meta_samples, round_config, round_workdir, shifted_round)
 
 CONTROL_SEED_OFFSET = 100  # the control: the vanilla recipe trained with seed + 100
 
@@ -59,17 +59,6 @@ def sign_test_p(b: int, c: int) -> float:
 
 def model_names(etas: list[float]) -> list[str]:
     return ["vanilla", f"vanilla, seed + {CONTROL_SEED_OFFSET} (control)", *(f"MetaRM, eta {eta:g}" for eta in etas)]
-
-
-def drifted_round(cfg) -> dict:
-    """The round `cfg` with PPO SHIFT_PPO, up to its evaluation (earlier stages from the cache): its summary
-    (artifacts and headline)."""
-    from flows.round import rlhf_round
-
-    shifted = cfg.ppo.model_copy(update=SHIFT_PPO)
-    if shifted == cfg.ppo:
-        raise ValueError(f"SHIFT_PPO {SHIFT_PPO} is the round's own PPO config: there would be no drift to measure")
-    return rlhf_round(config=cfg.model_copy(update={"ppo": shifted}), stop_after="evaluate")
 
 
 def held_out_pairs(work: Path, seed: int, art: dict, eval_samples: int):
@@ -90,6 +79,12 @@ def held_out_pairs(work: Path, seed: int, art: dict, eval_samples: int):
             atomic_write(path, lambda f, pairs=pairs: pairs.to_parquet(f, index=False))
         out.append(pd.read_parquet(path))
     return out
+
+
+def kept_model_file(seed: int, model_seed: int, name: str) -> str:
+    """The file in --work-dir that keeps one trained model's results (its per-pair correctness included)."""
+    model = ("" if model_seed == 0 else f"m{model_seed}-") + name.replace(" ", "_").replace(",", "")
+    return f"seed{seed}-{model}.json"
 
 
 def train_and_score(name: str, meta_etas: dict[str, float], cfg, art: dict, samples, drifted, sft_pairs,
@@ -124,15 +119,14 @@ def run_seed(cfg, work: Path, etas: list[float], eval_samples: int, model_seed: 
     from rlhf_core.artifacts import atomic_write_text
 
     seed = cfg.seed
-    summary = drifted_round(cfg)
+    _, summary = shifted_round(cfg)
     art, headline = summary["artifacts"], summary.get("headline", {})
     drifted, sft_pairs = held_out_pairs(work, seed, art, eval_samples)
     samples = kept_meta_samples(work / f"seed{seed}-meta-samples.parquet", art, seed)
     meta_etas = {f"MetaRM, eta {eta:g}": eta for eta in etas}
     models = {}
     for name in model_names(etas):
-        model = ("" if model_seed == 0 else f"m{model_seed}-") + name.replace(" ", "_").replace(",", "")
-        kept = work / f"seed{seed}-{model}.json"
+        kept = work / kept_model_file(seed, model_seed, name)
         if not kept.exists():
             result = train_and_score(name, meta_etas, cfg, art, samples, drifted, sft_pairs, model_seed)
             print(seed, name, result["drifted"]["all"], result["sft"]["all"], f"{result['seconds']:.0f} s", flush=True)
@@ -215,7 +209,11 @@ def write_report(results: list[dict], etas: list[float], out: Path, eval_samples
                   "pair of models compared.", "", *_model_table(results, etas)]
     lines.append("")
     atomic_write_text(out, "\n".join(lines))
-    atomic_write_text(out.with_suffix(".json"), json.dumps(results, indent=1))
+    # the per-pair lists stay in --work-dir (kept_model_file): the doc's JSON holds the summaries
+    summaries = [{k: v for k, v in r.items() if k != "drifted_prompts"}
+                 | {"models": {name: {k: v for k, v in m.items() if k != "drifted_right"}
+                               for name, m in r["models"].items()}} for r in results]
+    atomic_write_text(out.with_suffix(".json"), json.dumps(summaries, indent=1))
     print("\n".join(lines))
 
 

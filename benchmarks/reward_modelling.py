@@ -272,16 +272,22 @@ def meta_section(art: dict, pairs, eval_pairs, cfg, seed: int) -> dict:
 SHIFT_PPO = {"policy_lr": 1e-4, "kl_coef": 0.0}
 
 
-def run_meta_shift(cfg) -> dict:
-    """Section 4b: section 4 against a policy shifted further, the round `cfg` with PPO SHIFT_PPO."""
+def shifted_round(cfg) -> tuple:
+    """The round `cfg` with PPO SHIFT_PPO, up to its evaluation (earlier stages from the cache): (its config, its
+    summary: artifacts and headline). Also benchmarks/metarm_shift.py's drifted policy."""
     from flows.round import rlhf_round
 
-    seed = cfg.seed
     shifted = cfg.ppo.model_copy(update=SHIFT_PPO)
     if shifted == cfg.ppo:
-        raise ValueError(f"SHIFT_PPO {SHIFT_PPO} is the round's own PPO config: section 4b would measure no shift")
+        raise ValueError(f"SHIFT_PPO {SHIFT_PPO} is the round's own PPO config: there would be no shift to measure")
     cfg = cfg.model_copy(update={"ppo": shifted})
-    summary = rlhf_round(config=cfg, stop_after="evaluate")
+    return cfg, rlhf_round(config=cfg, stop_after="evaluate")
+
+
+def run_meta_shift(cfg) -> dict:
+    """Section 4b: section 4 against a policy shifted further, the round `cfg` with PPO SHIFT_PPO."""
+    seed = cfg.seed
+    cfg, summary = shifted_round(cfg)
     art = summary["artifacts"]
     _, pairs, eval_pairs = round_pairs(art, seed)
     headline = summary.get("headline", {})
