@@ -2,14 +2,15 @@
 sec. 3.2): writes docs/metarm-shift.md (+ .json).
 
     .venv/bin/python benchmarks/metarm_shift.py [--seeds 0 1 2] [--etas 0.1 0.3 1] [--eval-samples 32]
-        [--model-seeds 0 1000] [--config configs/mini.yaml] [--rounds-dir DIR] [--work-dir DIR]
+        [--model-seeds 0 1000] [--shift {default,hard}] [--config configs/mini.yaml] [--rounds-dir DIR] [--work-dir DIR]
 
 Section 4b of benchmarks/reward_modelling.py found MetaRM 0.4 points ahead of the vanilla model on a drifted
 policy's held-out pairs: one or two pairs of 330-420 per seed, too few to tell. This asks the same question with
 enough pairs to answer it. Per seed:
 
-- the round (from the cache with the reward-modelling benchmark's --rounds-dir) runs its PPO again with
-  reward_modelling.SHIFT_PPO (10x the demo's policy lr, no KL penalty): the drifted policy;
+- the round (from the cache with the reward-modelling benchmark's --rounds-dir) runs its PPO again with the
+  --shift's settings (SHIFTS; default: reward_modelling.SHIFT_PPO, 10x the demo's policy lr, no KL penalty): the
+  drifted policy;
 - the meta step's samples: 8 of the drifted policy's samples per training prompt (as section 4b);
 - held-out gold pairs: --eval-samples samples of the drifted policy per held-out prompt, consecutive samples
   paired, gold ties dropped; and the SFT policy's 8 per prompt (what MetaRM may cost in distribution);
@@ -21,6 +22,12 @@ only vanilla gets right, pooled over seeds, with the exact two-sided sign-test p
 prompt's pairs are not independent, the same test over prompts (prompts where it gets more of the prompt's pairs
 right than vanilla, against prompts where vanilla gets more). MetaRM is shown where it is ahead on every seed and
 the test over prompts gives p < 0.05; the control says how far a seed change alone moves the model.
+
+--shift hard (written 2026-11-27, before its run) drifts further: policy lr 3e-4 for 150 iterations, no KL. The default
+shift left the vanilla model only 1.4 points worse on the drifted pairs than on the SFT policy's, too little for MetaRM
+to keep. With the hard shift, Part II's claim is shown where (1) vanilla loses more under it than under the default
+shift, (2) MetaRM at the default eta 0.1 is ahead of vanilla on every seed at both model seeds, with p < 0.05 over
+prompts pooled, and (3) MetaRM loses less than vanilla from the SFT policy's pairs to the drifted ones.
 
 Every finished (seed, model) is kept as JSON in --work-dir (the held-out pairs and the meta samples as parquet), so a
 killed run resumes and more etas add to the same table.
@@ -46,6 +53,10 @@ from reward_modelling import (META_SAMPLES_PER_PROMPT, SHIFT_PPO, TYPES, _cell, 
                               meta_samples, round_config, round_workdir, shifted_round)
 
 CONTROL_SEED_OFFSET = 100  # the control: the vanilla recipe trained with seed + 100
+SHIFTS = {  # --shift: name -> the drifted policy's PPO settings over the round's own
+    "default": SHIFT_PPO,
+    "hard": {"policy_lr": 3e-4, "kl_coef": 0.0, "iterations": 150},  # ppo-max.md 5c's hardest push, 2.5x as long
+}
 
 
 def sign_test_p(b: int, c: int) -> float:
@@ -113,13 +124,14 @@ def train_and_score(name: str, meta_etas: dict[str, float], cfg, art: dict, samp
             "seconds": seconds, "meta_difference": report.get("meta_difference", float("nan"))}
 
 
-def run_seed(cfg, work: Path, etas: list[float], eval_samples: int, model_seed: int = 0) -> dict:
-    """Every model of `etas` (and the vanilla and control models) for the round `cfg`, each trained with seed
-    cfg.seed + model_seed; each kept in `work`."""
+def run_seed(cfg, work: Path, etas: list[float], eval_samples: int, model_seed: int = 0,
+             shift: dict | None = None) -> dict:
+    """Every model of `etas` (and the vanilla and control models) for the round `cfg` with its PPO drifted by
+    `shift` (default SHIFT_PPO), each trained with seed cfg.seed + model_seed; each kept in `work`."""
     from rlhf_core.artifacts import atomic_write_text
 
     seed = cfg.seed
-    _, summary = shifted_round(cfg)
+    _, summary = shifted_round(cfg, shift)
     art, headline = summary["artifacts"], summary.get("headline", {})
     drifted, sft_pairs = held_out_pairs(work, seed, art, eval_samples)
     samples = kept_meta_samples(work / f"seed{seed}-meta-samples.parquet", art, seed)
@@ -179,7 +191,8 @@ def paired_by_prompt(vanilla: list[bool], other: list[bool], prompts: list[str])
     return sum(x > 0 for x in lead.values()), sum(x < 0 for x in lead.values())
 
 
-def write_report(results: list[dict], etas: list[float], out: Path, eval_samples: int, command: str) -> None:
+def write_report(results: list[dict], etas: list[float], out: Path, eval_samples: int, command: str,
+                 shift: dict | None = None) -> None:
     from rlhf_core.artifacts import atomic_write_text
 
     first = [r for r in results if r["model_seed"] == results[0]["model_seed"]]  # one entry per seed
@@ -188,7 +201,7 @@ def write_report(results: list[dict], etas: list[float], out: Path, eval_samples
         "",
         f"Measured {datetime.now(timezone.utc):%Y-%m-%d} by `{command}`, seeds {[r['seed'] for r in first]}, "
         f"{os.cpu_count()} cores ({platform.machine()}), no GPU. The method is in the script's docstring.",
-        f"The drifted policy: the round's PPO with {SHIFT_PPO}; KL to the SFT policy "
+        f"The drifted policy: the round's PPO with {SHIFT_PPO if shift is None else shift}; KL to the SFT policy "
         f"{_cell([r['kl'] for r in first])}, gold score SFT {_cell([r['gold_sft'] for r in first])} → "
         f"{_cell([r['gold_drifted'] for r in first])}. Held-out gold pairs: {[r['n_drifted_pairs'] for r in first]} "
         f"of the drifted policy ({eval_samples} samples per held-out prompt), {[r['n_sft_pairs'] for r in first]} of "
@@ -253,21 +266,42 @@ def main(argv: list[str] | None = None) -> None:
                         help="the drifted policy's samples per held-out prompt (paired consecutively)")
     parser.add_argument("--model-seeds", type=int, nargs="+", default=[0],
                         help="train every model with seed = round seed + each of these (a table per model seed)")
-    parser.add_argument("--out", default="docs/metarm-shift.md")
-    parser.add_argument("--work-dir", default="rlhf-runs/benchmarks/metarm-shift")
+    parser.add_argument("--shift", choices=sorted(SHIFTS), default="default",
+                        help="how far the policy drifts (SHIFTS); each shift has its own report and work dir")
+    parser.add_argument("--out", help="default docs/metarm-shift.md, docs/metarm-shift-<shift>.md for another shift")
+    parser.add_argument("--work-dir", help="default rlhf-runs/benchmarks/metarm-shift[-<shift>]")
     add_round_arguments(parser)
     args = parser.parse_args(argv)
     if args.eval_samples < 2 or args.eval_samples % 2:
         raise SystemExit(f"--eval-samples {args.eval_samples}: give an even number >= 2 (samples are paired)")
-    work = Path(args.work_dir)
-    work.mkdir(parents=True, exist_ok=True)
+    suffix = "" if args.shift == "default" else f"-{args.shift}"
+    work = Path(args.work_dir or f"rlhf-runs/benchmarks/metarm-shift{suffix}")
+    out = Path(args.out or f"docs/metarm-shift{suffix}.md")
+    shift = SHIFTS[args.shift]
+    check_work_dir_shift(work, shift)
     results = []
     for model_seed in args.model_seeds:
         for seed in args.seeds:
             cfg = round_config(args.config, seed, round_workdir(args.rounds_dir, seed, work / f"round-seed{seed}"))
-            results.append(run_seed(cfg, work, args.etas, args.eval_samples, model_seed))
+            results.append(run_seed(cfg, work, args.etas, args.eval_samples, model_seed, shift))
     command = "benchmarks/metarm_shift.py " + shlex.join(argv if argv is not None else sys.argv[1:])
-    write_report(results, args.etas, Path(args.out), args.eval_samples, command)
+    write_report(results, args.etas, out, args.eval_samples, command, shift)
+
+
+def check_work_dir_shift(work: Path, shift: dict) -> None:
+    """`work` keeps one shift's pairs and models: record it there on first use, refuse another shift after."""
+    from rlhf_core.artifacts import atomic_write_text
+
+    work.mkdir(parents=True, exist_ok=True)
+    path = work / "shift.json"
+    if not path.exists():
+        if any(work.glob("seed*-drifted-pairs.parquet")) and shift != SHIFT_PPO:
+            raise SystemExit(f"{work} holds pairs of another shift (made before shift.json was kept, so with "
+                             f"{SHIFT_PPO}): give this shift its own --work-dir")
+        atomic_write_text(path, json.dumps(shift))
+    elif json.loads(path.read_text()) != shift:
+        raise SystemExit(f"{work} holds the pairs and models of the shift {path.read_text()}, not {shift}: give "
+                         "this shift its own --work-dir")
 
 
 if __name__ == "__main__":

@@ -272,14 +272,16 @@ def meta_section(art: dict, pairs, eval_pairs, cfg, seed: int) -> dict:
 SHIFT_PPO = {"policy_lr": 1e-4, "kl_coef": 0.0}
 
 
-def shifted_round(cfg) -> tuple:
-    """The round `cfg` with PPO SHIFT_PPO, up to its evaluation (earlier stages from the cache): (its config, its
-    summary: artifacts and headline). Also benchmarks/metarm_shift.py's drifted policy."""
+def shifted_round(cfg, shift: dict | None = None) -> tuple:
+    """The round `cfg` with its PPO config updated by `shift` (default SHIFT_PPO), up to its evaluation (earlier
+    stages from the cache): (its config, its summary: artifacts and headline). Also benchmarks/metarm_shift.py's
+    drifted policy."""
     from flows.round import rlhf_round
 
-    shifted = cfg.ppo.model_copy(update=SHIFT_PPO)
+    shift = SHIFT_PPO if shift is None else shift
+    shifted = cfg.ppo.model_copy(update=shift)
     if shifted == cfg.ppo:
-        raise ValueError(f"SHIFT_PPO {SHIFT_PPO} is the round's own PPO config: there would be no shift to measure")
+        raise ValueError(f"PPO shift {shift} is the round's own PPO config: there would be no shift to measure")
     cfg = cfg.model_copy(update={"ppo": shifted})
     return cfg, rlhf_round(config=cfg, stop_after="evaluate")
 

@@ -497,6 +497,23 @@ def test_the_sign_test_is_exact_and_two_sided():
     assert paired_by_prompt(vanilla, other, ["a", "a", "b", "c"]) == (1, 1)
 
 
+def test_a_metarm_work_dir_keeps_one_shift(tmp_path):
+    """Pairs and models of one drifted policy are never scored against another's: the work dir records its shift."""
+    from metarm_shift import SHIFTS, check_work_dir_shift
+
+    check_work_dir_shift(tmp_path / "hard", SHIFTS["hard"])
+    check_work_dir_shift(tmp_path / "hard", SHIFTS["hard"])  # the same shift resumes
+    with pytest.raises(SystemExit, match="its own --work-dir"):
+        check_work_dir_shift(tmp_path / "hard", SHIFTS["default"])
+    # a work dir from before shift.json was kept holds the default shift's pairs
+    (tmp_path / "old").mkdir()
+    (tmp_path / "old" / "seed0-drifted-pairs.parquet").write_bytes(b"")
+    with pytest.raises(SystemExit, match="another shift"):
+        check_work_dir_shift(tmp_path / "old", SHIFTS["hard"])
+    check_work_dir_shift(tmp_path / "old", SHIFTS["default"])
+    assert json.loads((tmp_path / "old" / "shift.json").read_text()) == SHIFTS["default"]
+
+
 def test_reward_data_budget_relabels_like_the_worlds_annotators():
     """Relabelling with sharp, error-free annotators orients every gold-decided pair by gold; with annotators who
     always err (error rate 0.5 is the cap, so: sharp and flipping half the time) about half stay."""
