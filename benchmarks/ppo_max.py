@@ -48,7 +48,8 @@ LONG = 150  # the longer budget of section 5: does vanilla PPO hack the reward m
 OLD_DEMO = {"kl_coef": 1.0, "policy_lr": 1e-4, "ptx_coef": 1.0, "critic_warmup_steps": 16}  # the demo before 2026-11-23
 # section 8's budgets, in the order they were added: does a policy pushed harder hack the raw-label model alone?
 NOISY_RATES = (("", {}), (", policy lr 1e-4", {"policy_lr": 1e-4}), (", policy lr 3e-4", {"policy_lr": 3e-4}),
-               (", policy lr 1e-4, 150 iterations", {"policy_lr": 1e-4, "iterations": LONG}))
+               (", policy lr 1e-4, 150 iterations", {"policy_lr": 1e-4, "iterations": LONG}),
+               (", policy lr 3e-4, 150 iterations", {"policy_lr": 3e-4, "iterations": LONG}))
 SWITCHES_OFF = (  # the ablations at lr 1e-4: (name, the override that turns one PPO-max switch off)
     ("- reward normalisation", {"reward_norm": False}), ("- advantage whitening", {"norm_adv": False}),
     ("- value clipping", {"clip_vloss": False}), ("- critic warm-up", {"critic_warmup_steps": 0}),
@@ -441,6 +442,10 @@ def write_report(results: dict[str, list[dict]], sft: dict[int, dict], out: Path
         "",
         figure(("no KL, noisy-label baseline RM, policy lr 3e-4", "no KL, noisy-label denoised RM, policy lr 3e-4"),
                "ppo-no-kl-noisy-labels-lr3e-4.png"),
+        "",
+        figure(("no KL, noisy-label baseline RM, policy lr 3e-4, 150 iterations",
+                "no KL, noisy-label denoised RM, policy lr 3e-4, 150 iterations"),
+               "ppo-no-kl-noisy-labels-lr3e-4-150.png"),
         "",
     ]
     out.write_text("\n".join(lines) + "\n")
