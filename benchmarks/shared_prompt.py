@@ -57,7 +57,9 @@ def hh_part(args) -> dict:
         def tokens(b):
             if "continuations" not in b:
                 return b["input_ids"].numel()
-            return b["prompt_ids"].numel() + sum(g["input_ids"].numel() for g in b["continuations"])
+            length = b["prompt_mask"].sum(1)  # each prompt pass runs to its own longest prompt
+            prompts = sum(len(g) * max(1, int(length[g].max())) for g in b["prompt_groups"])
+            return prompts + sum(g["input_ids"].numel() for g in b["continuations"])
 
         padded, seconds = {}, {g: [] for g in settings}
         for g in settings:

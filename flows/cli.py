@@ -6,8 +6,9 @@ import json
 import os
 import shlex
 import sys
+import threading
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Optional
+from typing import TYPE_CHECKING, Annotated, Any, Callable, Optional
 
 import typer
 from rich.console import Console
@@ -67,10 +68,39 @@ def _check_tracking(cfg) -> None:
         raise typer.Exit(2) from None
 
 
+def start_prefect_api_early() -> Callable[[], None]:
+    """Start Prefect's ephemeral API in a background thread while the round's modules import; returns the wait for it.
+
+    Without a PREFECT_API_URL a flow's first call starts a local API server (a uvicorn subprocess, ~5 s on 2 cores,
+    docs/benchmarks.md) and waits for it. Started here, the subprocess comes up while this process imports torch,
+    transformers and mlflow; the flow then finds it running (`SubprocessASGIServer` is one per process). Call the
+    returned function before the first flow: Prefect marks the server running before it answers. A no-op where
+    PREFECT_API_URL names a server or the ephemeral API is off. A failed start is left to the flow, which
+    starts the server itself and reports its own error."""
+    from prefect.settings import PREFECT_API_URL, PREFECT_SERVER_EPHEMERAL_ENABLED
+
+    if PREFECT_API_URL.value() or not PREFECT_SERVER_EPHEMERAL_ENABLED.value():
+        return lambda: None
+
+    def start() -> None:
+        from prefect.server.api.server import SubprocessASGIServer
+
+        try:
+            SubprocessASGIServer().start()
+        except Exception:  # noqa: BLE001 - the flow's own start raises it again, with Prefect's message
+            pass
+
+    thread = threading.Thread(target=start, name="prefect-api-start", daemon=True)
+    thread.start()
+    return thread.join
+
+
 def _run(cfg, stop_after: Optional[str] = None) -> dict:
+    _check_tracking(cfg)
+    api_started = start_prefect_api_early()
     from flows.round import rlhf_round
 
-    _check_tracking(cfg)
+    api_started()
     summary = rlhf_round(config=cfg, stop_after=stop_after)
     print_summary(summary)
     return summary
@@ -120,10 +150,12 @@ def rounds(
     set_: list[str] = typer.Option([], "--set"),
 ):
     """Iterated RLHF: each round annotates the previous round's policy and improves it."""
-    from flows.round import rlhf_rounds
-
     cfg = _load(config, set_)
     _check_tracking(cfg)
+    api_started = start_prefect_api_early()
+    from flows.round import rlhf_rounds
+
+    api_started()
     for summary in rlhf_rounds(config=cfg, n_rounds=n):
         print_summary(summary)
 

@@ -130,3 +130,51 @@ def test_the_summary_says_what_promotion_decided_and_why_iterated_rounds_stop(ca
     print_summary(summary | {"promotion": None, "stop": None})  # a round ended early decides neither
     out = capsys.readouterr().out
     assert "Promotion" not in out and "stop here" not in out
+
+
+EARLY_API_SCRIPT = """
+import threading
+from flows.cli import start_prefect_api_early
+from prefect.server.api.server import SubprocessASGIServer
+
+wait = start_prefect_api_early()
+started = any(t.name == "prefect-api-start" for t in threading.enumerate())
+wait()
+if not started:
+    print("no-op", sorted(map(str, SubprocessASGIServer._instances)))
+    raise SystemExit(0)
+server = SubprocessASGIServer()
+pid = server.server_process.pid
+assert server.running and server.server_process.poll() is None
+
+from prefect import flow
+from prefect.client.orchestration import get_client
+
+@flow
+def tiny() -> int:
+    return 1
+
+assert tiny() == 1
+with get_client(sync_client=True) as client:
+    print("api", client.api_url == server.api_url + "/", pid == SubprocessASGIServer().server_process.pid,
+          len(SubprocessASGIServer._instances))
+"""
+
+
+@pytest.mark.parametrize("api_url", [None, "http://127.0.0.1:9/api"])
+def test_the_cli_starts_prefects_local_api_early_and_the_flow_uses_that_server(tmp_path, api_url):
+    """`rlhf demo` starts the ephemeral API while it imports the round (docs/benchmarks.md: ~5 s of a round's start);
+    the flow then runs on that server, not on a second one. With PREFECT_API_URL set nothing is started."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
+    env |= {"PREFECT_HOME": str(tmp_path / "prefect"), "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "180"}
+    if api_url:
+        env["PREFECT_API_URL"] = api_url
+    done = subprocess.run([sys.executable, "-c", EARLY_API_SCRIPT], env=env, capture_output=True, text=True,
+                          cwd=Path(__file__).parents[1], timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    last = done.stdout.strip().splitlines()[-1]
+    assert last == ("no-op []" if api_url else "api True True 1")

@@ -134,6 +134,9 @@ def test_the_shared_prompt_is_the_query_both_rows_start_with_and_none_where_trun
 
     batch = shared_prompt_batch(encoded, np.array([0, 3, 4]), group_rows=4)
     assert batch["prompt_ids"].shape == (3, 8) and batch["prompt_mask"].sum(1).tolist() == [8, 8, 0]
+    # the prompts' passes: sorted by prompt length, 4 rows a pass (2 a pass: the empty prompt with a full one)
+    assert [g.tolist() for g in batch["prompt_groups"]] == [[2, 0, 1]]
+    assert [g.tolist() for g in shared_prompt_batch(encoded, np.array([0, 3, 4]), 2)["prompt_groups"]] == [[2, 0], [1]]
     rows = [g["row"].tolist() for g in batch["continuations"]]
     # replies: chosen 2, 5, 14 tokens (pair 4's whole row), rejected 2, 8, 16; sorted, then 4 rows a pass
     assert rows == [[0, 3, 1, 4], [2, 5]]
@@ -145,8 +148,8 @@ def test_the_shared_prompt_is_the_query_both_rows_start_with_and_none_where_trun
 
 def test_shared_prompt_rewards_and_gradients_equal_the_whole_rows_for_every_read(init_dir):
     """Pairs with a shared query and pairs whose rows truncation cut apart (empty prompt; pair 6's chosen row is
-    all reply, whose first token nothing predicts), in passes of 1, 3 and 4 rows: rewards and every weight's
-    gradient equal the plain path's up to float rounding."""
+    all reply, whose first token nothing predicts), in passes of 1, 3 and 4 rows (prompts and replies alike; and
+    the prompts in one pass): rewards and every weight's gradient equal the plain path's up to float rounding."""
     all_reply = pd.DataFrame({"prompt": ["p0"], "chosen": ["a" * 20], "rejected": ["b"]})
     encoded = encode_pairs(models.build_tokenizer(), pd.concat([pairs_of_lengths(6), all_reply]), max_length=16)
     assert encoded.prompt[6] == 0 and encoded.chosen_response[6] == len(encoded.chosen[6])
@@ -164,8 +167,10 @@ def test_shared_prompt_rewards_and_gradients_equal_the_whole_rows_for_every_read
             return rewards.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
 
         plain, plain_grads = rewards_and_grads(pair_batch(encoded, rows))
-        for group_rows in (1, 3, 4):
-            shared, shared_grads = rewards_and_grads(shared_prompt_batch(encoded, rows, group_rows))
+        batches = [shared_prompt_batch(encoded, rows, group_rows) for group_rows in (1, 3, 4)]
+        batches.append({k: v for k, v in batches[1].items() if k != "prompt_groups"})  # the prompts in one pass
+        for batch in batches:
+            shared, shared_grads = rewards_and_grads(batch)
             torch.testing.assert_close(shared, plain, atol=1e-4, rtol=1e-5)
             assert shared_grads.keys() == plain_grads.keys()
             for name, grad in plain_grads.items():

@@ -35,6 +35,7 @@ from typing import Literal
 
 import torch
 from torch import nn
+from torch.nn import functional as F
 from transformers import AutoModelForSequenceClassification, DynamicCache, PreTrainedTokenizerBase
 
 from rlhf_core.models import classification_head, format_query, reward_model_from_policy, save_hf
@@ -235,29 +236,42 @@ class RewardModel(nn.Module):
                            ).masked_scatter(predicts, token_logp)
 
     def shared_prompt_rewards(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
-                              continuations: list[dict[str, torch.Tensor]]) -> torch.Tensor:
+                              continuations: list[dict[str, torch.Tensor]],
+                              prompt_groups: list[torch.Tensor] | None = None) -> torch.Tensor:
         """(2B,) the rewards of B pairs, each pair's prompt run through the trunk once for its two replies.
 
         prompt_ids, prompt_mask: (B, P) the tokens each pair's chosen and rejected rows share at the start (its
-        query), right-padded. continuations: the 2B rows' remaining tokens (reply and eos; chosen rows are
-        0..B-1, rejected B..2B-1) in groups of similar length, each a dict of input_ids, attention_mask,
-        response_mask (n, C) right-padded, pair (n,), the prompt row it continues, and row (n,), its place in the
-        output. A group runs the trunk over its continuations with its prompts' keys and values as the cache
-        (their padding masked out). The result equals `forward` on the whole rows up to float rounding
-        (tests/test_reward_batching.py), with each prompt's tokens run once instead of twice and each group
-        padded to its own longest (issue 12).
+        query), right-padded. prompt_groups: the prompt rows in groups of similar length, each run in its own pass
+        cut to its longest prompt (default: one pass over all B, padded to P). continuations: the 2B rows'
+        remaining tokens (reply and eos; chosen rows are 0..B-1, rejected B..2B-1) in groups of similar length,
+        each a dict of input_ids, attention_mask, response_mask (n, C) right-padded, pair (n,), the prompt row it
+        continues, and row (n,), its place in the output. A group runs the trunk over its continuations with its
+        prompts' keys and values as the cache (their padding masked out). The result equals `forward` on the whole
+        rows up to float rounding (tests/test_reward_batching.py), with each prompt's tokens run once instead of
+        twice and each pass padded to its own longest (issue 12).
         """
         if self.is_encoder():
             raise ValueError("reward.train.share_prompt needs a decoder (a causal trunk with a key-value cache); "
                              f"{type(self.classifier).__name__} is an encoder: set it false")
         trunk = self.trunk()
         prompt_length = prompt_mask.sum(dim=1)  # (B,)
-        # no attention mask: with right padding no real token sees a pad, so attention takes its causal path
-        out = trunk(input_ids=prompt_ids, use_cache=True)
-        last_state = out.last_hidden_state[torch.arange(len(prompt_ids), device=prompt_ids.device),
-                                           (prompt_length - 1).clamp(min=0)]  # (B, H): predicts the reply's first
-        keys_values = [(layer.keys, layer.values) for layer in out.past_key_values.layers]
-        P = prompt_ids.shape[1]
+        B, P = prompt_ids.shape
+        groups = prompt_groups if prompt_groups is not None else [torch.arange(B, device=prompt_ids.device)]
+        states, layer_keys, layer_values = [], [], []
+        for rows in groups:
+            length = prompt_length[rows]
+            longest = max(1, int(length.max()))
+            # no attention mask: with right padding no real token sees a pad, so attention takes its causal path
+            out = trunk(input_ids=prompt_ids[rows, :longest], use_cache=True)
+            states.append(out.last_hidden_state[torch.arange(len(rows), device=rows.device),
+                                                (length - 1).clamp(min=0)])  # predicts the reply's first token
+            # each layer's (n, heads, longest, d) keys and values, padded to P (masked out in the replies' pass)
+            layer_keys.append([F.pad(layer.keys, (0, 0, 0, P - longest)) for layer in out.past_key_values.layers])
+            layer_values.append([F.pad(layer.values, (0, 0, 0, P - longest)) for layer in out.past_key_values.layers])
+        back = torch.argsort(torch.cat(list(groups)))  # the batch's order from the groups'
+        last_state = torch.cat(states)[back]  # (B, H)
+        keys_values = [(torch.cat(keys)[back], torch.cat(values)[back])
+                       for keys, values in zip(zip(*layer_keys), zip(*layer_values))]
         rewards, rows = [], []
         for group in continuations:
             pair, mask = group["pair"], group["attention_mask"]  # (n,), (n, C)
@@ -283,11 +297,12 @@ class RewardModel(nn.Module):
         return [] if self.read == "end_token" else [self.trunk().get_input_embeddings().weight]
 
     def forward(self, input_ids=None, attention_mask=None, response_mask=None, prompt_ids=None, prompt_mask=None,
-                continuations=None) -> torch.Tensor:
+                continuations=None, prompt_groups=None) -> torch.Tensor:
         """(N,) rewards of right-padded rows, or (2B,) of a shared-prompt batch (`shared_prompt_rewards`: given
-        prompt_ids, prompt_mask and continuations instead); one call either way, so ZeRO-3's hooks see it."""
+        prompt_ids, prompt_mask, continuations and prompt_groups instead); one call either way, so ZeRO-3's hooks
+        see it."""
         if continuations is not None:
-            return self.shared_prompt_rewards(prompt_ids, prompt_mask, continuations)
+            return self.shared_prompt_rewards(prompt_ids, prompt_mask, continuations, prompt_groups)
         batch = {"input_ids": input_ids, "attention_mask": attention_mask, "response_mask": response_mask}
         return self.rewards_from_hidden(self.hidden_states(input_ids, attention_mask), batch)
 

@@ -83,10 +83,11 @@ def pair_batch(encoded: EncodedPairs, rows: np.ndarray, device: torch.device | N
 def shared_prompt_batch(encoded: EncodedPairs, rows: np.ndarray, group_rows: int,
                         device: torch.device | None = None) -> dict:
     """Pairs `rows` of `encoded` for `RewardModel.shared_prompt_rewards`: each pair's shared prompt once,
-    right-padded (B, P), and the 2B continuations (chosen rows first) sorted by length and cut into groups of
-    `group_rows`, each right-padded to its own longest. With tokenisers that do not split the prompt's end
-    differently on the two sides this is the query once and each reply: fewer tokens than `pair_batch`'s
-    2B rows padded to the longest (on HH-RLHF, prompts are 157 of a side's mean 265 tokens)."""
+    right-padded (B, P), with `prompt_groups`, the prompt rows sorted by length and cut into groups of `group_rows`
+    (each pass runs to its own longest prompt), and the 2B continuations (chosen rows first) sorted by length and
+    cut into groups of `group_rows`, each right-padded to its own longest. With tokenisers that do not split the
+    prompt's end differently on the two sides this is the query once and each reply: fewer tokens than
+    `pair_batch`'s 2B rows padded to the longest (on HH-RLHF, prompts are 157 of a side's mean 265 tokens)."""
     B = len(rows)
     prompts = [encoded.chosen[i][: encoded.prompt[i]] for i in rows]
     P = max(1, max(len(p) for p in prompts))  # one padding column if every prompt is empty
@@ -107,9 +108,13 @@ def shared_prompt_batch(encoded: EncodedPairs, rows: np.ndarray, group_rows: int
         group = right_padded([tails[k] for k in part], [n_response[k] for k in part], encoded.pad_id)
         group |= {"pair": torch.as_tensor(pair[part]), "row": torch.as_tensor(part)}
         continuations.append(group if device is None else {k: v.to(device) for k, v in group.items()})
+    by_length = np.argsort([len(p) for p in prompts], kind="stable")
+    prompt_groups = [torch.as_tensor(by_length[start : start + group_rows]) for start in range(0, B, group_rows)]
     if device is not None:
         prompt_ids, prompt_mask = prompt_ids.to(device), prompt_mask.to(device)
-    return {"prompt_ids": prompt_ids, "prompt_mask": prompt_mask, "continuations": continuations}
+        prompt_groups = [g.to(device) for g in prompt_groups]
+    return {"prompt_ids": prompt_ids, "prompt_mask": prompt_mask, "prompt_groups": prompt_groups,
+            "continuations": continuations}
 
 
 def training_batch(encoded: EncodedPairs, rows: np.ndarray, cfg: RewardTrainConfig,
