@@ -192,7 +192,7 @@ def paired_by_prompt(vanilla: list[bool], other: list[bool], prompts: list[str])
 
 
 def write_report(results: list[dict], etas: list[float], out: Path, eval_samples: int, command: str,
-                 shift: dict | None = None) -> None:
+                 shift: dict) -> None:
     from rlhf_core.artifacts import atomic_write_text
 
     first = [r for r in results if r["model_seed"] == results[0]["model_seed"]]  # one entry per seed
@@ -201,7 +201,7 @@ def write_report(results: list[dict], etas: list[float], out: Path, eval_samples
         "",
         f"Measured {datetime.now(timezone.utc):%Y-%m-%d} by `{command}`, seeds {[r['seed'] for r in first]}, "
         f"{os.cpu_count()} cores ({platform.machine()}), no GPU. The method is in the script's docstring.",
-        f"The drifted policy: the round's PPO with {SHIFT_PPO if shift is None else shift}; KL to the SFT policy "
+        f"The drifted policy: the round's PPO with {shift}; KL to the SFT policy "
         f"{_cell([r['kl'] for r in first])}, gold score SFT {_cell([r['gold_sft'] for r in first])} → "
         f"{_cell([r['gold_drifted'] for r in first])}. Held-out gold pairs: {[r['n_drifted_pairs'] for r in first]} "
         f"of the drifted policy ({eval_samples} samples per held-out prompt), {[r['n_sft_pairs'] for r in first]} of "
@@ -257,6 +257,22 @@ def _model_table(results: list[dict], etas: list[float]) -> list[str]:
     return lines
 
 
+def check_work_dir_shift(work: Path, shift: dict) -> None:
+    """`work` keeps one shift's pairs and models: record it there on first use, refuse another shift after."""
+    from rlhf_core.artifacts import atomic_write_text
+
+    work.mkdir(parents=True, exist_ok=True)
+    path = work / "shift.json"
+    if not path.exists():
+        if any(work.glob("seed*-drifted-pairs.parquet")) and shift != SHIFT_PPO:
+            raise SystemExit(f"{work} holds pairs of another shift (made before shift.json was kept, so with "
+                             f"{SHIFT_PPO}): give this shift its own --work-dir")
+        atomic_write_text(path, json.dumps(shift))
+    elif json.loads(path.read_text()) != shift:
+        raise SystemExit(f"{work} holds the pairs and models of the shift {path.read_text()}, not {shift}: give "
+                         "this shift its own --work-dir")
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
@@ -286,22 +302,6 @@ def main(argv: list[str] | None = None) -> None:
             results.append(run_seed(cfg, work, args.etas, args.eval_samples, model_seed, shift))
     command = "benchmarks/metarm_shift.py " + shlex.join(argv if argv is not None else sys.argv[1:])
     write_report(results, args.etas, out, args.eval_samples, command, shift)
-
-
-def check_work_dir_shift(work: Path, shift: dict) -> None:
-    """`work` keeps one shift's pairs and models: record it there on first use, refuse another shift after."""
-    from rlhf_core.artifacts import atomic_write_text
-
-    work.mkdir(parents=True, exist_ok=True)
-    path = work / "shift.json"
-    if not path.exists():
-        if any(work.glob("seed*-drifted-pairs.parquet")) and shift != SHIFT_PPO:
-            raise SystemExit(f"{work} holds pairs of another shift (made before shift.json was kept, so with "
-                             f"{SHIFT_PPO}): give this shift its own --work-dir")
-        atomic_write_text(path, json.dumps(shift))
-    elif json.loads(path.read_text()) != shift:
-        raise SystemExit(f"{work} holds the pairs and models of the shift {path.read_text()}, not {shift}: give "
-                         "this shift its own --work-dir")
 
 
 if __name__ == "__main__":

@@ -232,27 +232,23 @@ def run_direct(config) -> dict:
     start = time.perf_counter()
     result = direct_round(config)
     seconds = time.perf_counter() - start
-    returned_at = time.perf_counter()
     return {"seconds": seconds, "stages": {
         stage: {"digest": ref.digest, "seconds": result.seconds[stage], "metrics": result.metrics[stage]}
-        for stage, ref in result.outputs.items()}, "reading_seconds": time.perf_counter() - returned_at}
+        for stage, ref in result.outputs.items()}}
 
 
 def run_one(contender: str, config_path: str | None, workdir: Path, result_path: Path) -> None:
-    """One contender's round in this process (a fresh workdir), its result as JSON. The orchestrated one starts
-    Prefect's ephemeral API early as `rlhf demo` does (flows/cli.py), so its round call no longer holds the
-    server's start: the process's wall time is what compares the two."""
-    api_started = lambda: None  # noqa: E731
-    if contender == "orchestrated":
-        from flows.cli import start_prefect_api_early
-
-        api_started = start_prefect_api_early()
+    """One contender's round in this process (a fresh workdir), its result as JSON. The orchestrated one is
+    prepared as `rlhf demo` prepares it (flows/cli.py `prepare_round`: Prefect's ephemeral API starts while the
+    flows import), so its round call no longer holds the server's start: the process's wall time is what compares
+    the two."""
     from reward_modelling import round_config
 
     config = round_config(config_path, 0, workdir)
     if contender == "orchestrated":
-        import flows.round  # noqa: F401 - imported while the API starts, as the CLI does
-    api_started()
+        from flows.cli import prepare_round
+
+        prepare_round(config)
     result = (run_orchestrated if contender == "orchestrated" else run_direct)(config)
     result_path.write_text(json.dumps(result, default=float))
 
@@ -269,7 +265,8 @@ def spawn(contender: str, config_path: str | None, runs_dir: Path, label: str) -
         subprocess.run(argv + (["--config", config_path] if config_path else []), cwd=ROOT, check=True)
         partial = result_path.with_suffix(".partial")
         result = json.loads(partial.read_text())
-        # the process's wall time, less the benchmark's own reading after the round (manifests, the Prefect API)
+        # the process's wall time, less the benchmark's own reading after the orchestrated round (manifests, the
+        # Prefect API; the direct round returns what it reports)
         result["process_seconds"] = time.perf_counter() - start - result.get("reading_seconds", 0.0)
         result_path.write_text(json.dumps(result))
         partial.unlink()

@@ -8,6 +8,7 @@ import shlex
 import sys
 import threading
 from pathlib import Path
+from types import ModuleType
 from typing import TYPE_CHECKING, Annotated, Any, Callable, Optional
 
 import typer
@@ -95,13 +96,19 @@ def start_prefect_api_early() -> Callable[[], None]:
     return thread.join
 
 
-def _run(cfg, stop_after: Optional[str] = None) -> dict:
+def prepare_round(cfg) -> ModuleType:
+    """What every round command does before its flow: check the tracking server, then import the round's flows
+    while Prefect's API starts (`start_prefect_api_early`). Returns the flows' module, the API up."""
     _check_tracking(cfg)
     api_started = start_prefect_api_early()
-    from flows.round import rlhf_round
+    import flows.round
 
     api_started()
-    summary = rlhf_round(config=cfg, stop_after=stop_after)
+    return flows.round
+
+
+def _run(cfg, stop_after: Optional[str] = None) -> dict:
+    summary = prepare_round(cfg).rlhf_round(config=cfg, stop_after=stop_after)
     print_summary(summary)
     return summary
 
@@ -151,12 +158,7 @@ def rounds(
 ):
     """Iterated RLHF: each round annotates the previous round's policy and improves it."""
     cfg = _load(config, set_)
-    _check_tracking(cfg)
-    api_started = start_prefect_api_early()
-    from flows.round import rlhf_rounds
-
-    api_started()
-    for summary in rlhf_rounds(config=cfg, n_rounds=n):
+    for summary in prepare_round(cfg).rlhf_rounds(config=cfg, n_rounds=n):
         print_summary(summary)
 
 
