@@ -11,11 +11,11 @@ seeds, in the round's order), with `run_stage` swapped for `run_produce`, which 
 directory and names it by its content digest, and nothing else: no Prefect task or flow run, no MLflow, no cache
 lookup, manifest, input logging or Prefect artifact.
 
-Every run is a fresh process in a fresh workdir (imports not timed: the round is timed from its call to its
-return); the contenders alternate, the first one swapped every repeat. Medians over the repeats, the ratio and the
-per-stage breakdown (the Prefect task's wall time from the API, the stage's body inside it, the direct stage) go to
-the JSON (--json) and to this benchmark's section of --doc. Both paths must give the same artifacts: every stage's
-content digest is compared across all runs.
+Every run is a fresh process in a fresh workdir, timed as a whole and from the round's call to its return; the
+contenders alternate, the first one swapped every repeat. Medians over the repeats, the ratio and the per-stage
+breakdown (the Prefect task's wall time from the API, the stage's body inside it, the direct stage) go to the JSON
+(--json), a plot beside it (same name, .png) and this benchmark's section of --doc. Both paths must give the same
+artifacts: every stage's content digest is compared across all runs.
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ CONTENDERS = ("orchestrated", "direct")
 # the modules of the round's stage tasks: the direct path swaps their `run_stage`
 STAGE_MODULES = ("tasks.world", "tasks.sampling", "tasks.generation", "tasks.annotation", "tasks.voting",
                  "tasks.denoise", "tasks.reward", "tasks.ppo", "tasks.evaluation")
-PHASES = {"before_flow_start": "before the flow run started (ephemeral API start, flow run creation)",
+PHASES = {"before_flow_start": "before the flow run started (its creation; the local API is up by then)",
           "flow_start_to_first_task": "flow start to the first task (config checks, workdir lock, the round's MLflow "
                                       "run and store)",
           "between_tasks": "between tasks (the flow's lineage and model tags)",
@@ -227,8 +227,11 @@ def run_orchestrated(config) -> dict:
 
 def run_direct(config) -> dict:
     """The round's stages called directly: their content digests, seconds and metrics."""
+    from flows.cli import freeze_imported_objects
+
     for name in STAGE_MODULES:  # imported before the clock starts, as the orchestrated run imports the flow
         importlib.import_module(name)
+    freeze_imported_objects()  # as `prepare_round` does for the orchestrated one: the same garbage collection
     start = time.perf_counter()
     result = direct_round(config)
     seconds = time.perf_counter() - start
@@ -239,9 +242,9 @@ def run_direct(config) -> dict:
 
 def run_one(contender: str, config_path: str | None, workdir: Path, result_path: Path) -> None:
     """One contender's round in this process (a fresh workdir), its result as JSON. The orchestrated one is
-    prepared as `rlhf demo` prepares it (flows/cli.py `prepare_round`: Prefect's ephemeral API starts while the
-    flows import), so its round call no longer holds the server's start: the process's wall time is what compares
-    the two."""
+    prepared as `rlhf demo` prepares it (flows/cli.py `prepare_round`: Prefect's local API starts while the flows
+    import; then the imported objects are frozen out of the garbage collector, as the direct one's are), so its
+    round call no longer holds the server's start: the process's wall time is what compares the two."""
     from reward_modelling import round_config
 
     config = round_config(config_path, 0, workdir)
@@ -393,10 +396,12 @@ every repeat, medians over {result['repeats']} repeats).
 
 Round: {result['config']}, seed {result['seed']}, a fresh workdir and a fresh process per run, timed as a whole
 (the rated figure) and from the round's call to its return. **orchestrated**: `rlhf_round` as `rlhf demo` runs it
-(Prefect's ephemeral API started at the process's start, while the round's modules import, as the CLI does; MLflow
-in the workdir, nothing cached). **direct**: the same stage tasks' bodies (`task.fn`, the same rlhf_core calls,
-configs and seeds, in the round's order) with `run_stage` replaced by `run_produce` (the stage's `produce` into a
-directory named by its content digest; no Prefect, MLflow, cache, manifest or lineage).
+(`prepare_round`, as the CLI: Prefect's local API launched at the process's start while the round's modules import,
+flows/local_api.py; MLflow in the workdir, nothing cached). **direct**: the same stage tasks' bodies (`task.fn`, the
+same rlhf_core calls, configs and seeds, in the round's order) with `run_stage` replaced by `run_produce` (the
+stage's `produce` into a directory named by its content digest; no Prefect, MLflow, cache, manifest or lineage).
+Both freeze the objects their imports made out of the garbage collector before the round (flows/cli.py
+`freeze_imported_objects`).
 
 {verdict(result)}
 
@@ -410,6 +415,8 @@ Process seconds (a fresh process's start to its exit, less the benchmark's readi
 (median {result['median_seconds']['direct']:.1f}). The flow's time outside its tasks (medians):
 {phases}.
 
+{f"![the process and each stage, orchestrated vs direct]({result['figure']})" if result.get("figure") else ""}
+
 | stage | direct s | Prefect task s | stage body in the task s | task - direct s | same digest |
 |---|---|---|---|---|---|
 {rows}
@@ -420,6 +427,47 @@ logging, manifest and model registration. Same results: {agree}; held-out reward
 (orchestrated runs first): {acc}.
 {notes}{SECTION_END}
 """
+
+
+def plot(result: dict, path: Path) -> None:
+    """Left: the whole process per contender, the orchestrated one split into its stage bodies, its tasks' and flow's
+    bookkeeping and the rest of the process, with the goal's line. Right: each stage, direct vs its Prefect task."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    process, stages = result["median_process_seconds"], result["stages"]
+    bodies = sum(v["body_seconds"] for v in stages.values())
+    round_call = result["median_seconds"]["orchestrated"]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.4), gridspec_kw={"width_ratios": [1, 1.4]})
+    parts = (("stage bodies", bodies, "tab:blue"), ("flow and task bookkeeping", round_call - bodies, "tab:orange"),
+             ("process outside the round", process["orchestrated"] - round_call, "tab:gray"))
+    start = 0.0
+    for label, seconds, colour in parts:
+        left.barh(["orchestrated"], [seconds], left=[start], color=colour, label=label)
+        start += seconds
+    left.barh(["direct"], [process["direct"]], color="tab:green", label="direct (whole process)")
+    left.axvline(process["direct"] * (1 + result["goal_percent"] / 100), color="k", ls=":", lw=1,
+                 label=f"goal: direct + {result['goal_percent']:g} %")
+    left.set_xlim(0.8 * process["direct"], 1.1 * max(process.values()))  # the differences, not the common part
+    left.set_xlabel("process seconds (median; the axis starts at 0.8x direct)")
+    left.set_title(f"{result['overhead_percent']:+.1f} % ({result['date']})", fontsize=10)
+    left.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.22), ncol=2)
+    names = list(stages)
+    y = range(len(names))
+    right.barh([i - 0.2 for i in y], [stages[n]["direct_seconds"] for n in names], height=0.4, color="tab:green",
+               label="direct")
+    right.barh([i + 0.2 for i in y], [stages[n]["task_seconds"] for n in names], height=0.4, color="tab:blue",
+               label="Prefect task")
+    right.set_yticks(list(y), names)
+    right.invert_yaxis()
+    right.set_xscale("log")
+    right.set_xlabel("stage seconds (median, log scale)")
+    right.legend(fontsize=7, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
 
 
 def machine(load_at_start: float) -> dict:
@@ -467,8 +515,11 @@ def main(argv: list[str] | None = None) -> None:
         parser.error("--repeats must be >= 1")
     args.argv, args.load_at_start = list(sys.argv[1:] if argv is None else argv), os.getloadavg()[0]
     result = summarise(measure(args.config, args.repeats, args.runs_dir), args)
+    figure = args.json.with_suffix(".png")
+    result["figure"] = os.path.relpath(figure, args.doc.parent)  # as the section links it
     text = section(result)
     write_outputs(result, args.json, args.doc, text, SECTION_START, SECTION_END)
+    plot(result, figure)
     print(text)
 
 

@@ -284,7 +284,21 @@ def _cell(values, fmt: str = "{:.3f}") -> str:
 COLUMNS = (("gold, greedy, held-out", "gold_greedy"), ("Δ gold vs SFT", "gold_gain"), ("KL vs SFT, held-out", "kl_eval"),
            (f"gold, rollouts, last {TAIL}", "gold_tail"), (f"RM score, last {TAIL}", "score_tail"),
            (f"Δ RM score, last vs first {TAIL}", "score_gain"),
-           (f"KL, last {TAIL}", "kl_tail"), ("perplexity max", "ppl_max"), (f"length, last {TAIL}", "length_tail"))
+           (f"KL, last {TAIL}", "kl_tail"), ("KL spikes", "kl_spikes"), ("perplexity max", "ppl_max"),
+           ("perplexity spikes", "ppl_spikes"), (f"length, last {TAIL}", "length_tail"))
+# Part II Fig. 9's "stable" as a count: an iteration whose rollout KL (to the SFT reference) is more than twice the
+# median of the SPIKE_WINDOW iterations before it (and over KL_SPIKE_FLOOR nats: early noise is not a spike), or
+# whose rollout perplexity is more than PPL_SPIKE_FACTOR x that median
+SPIKE_WINDOW, KL_SPIKE_FACTOR, KL_SPIKE_FLOOR, PPL_SPIKE_FACTOR = 10, 2.0, 0.5, 1.05
+
+
+def spikes(values: list[float], factor: float, floor: float = 0.0) -> int:
+    """How many of `values` (from the SPIKE_WINDOW-th on) exceed `factor` x the median of the SPIKE_WINDOW before
+    them, and `floor`."""
+    import numpy as np
+
+    return sum(1 for i in range(SPIKE_WINDOW, len(values))
+               if values[i] > max(floor, factor * float(np.median(values[i - SPIKE_WINDOW:i]))))
 
 
 def _table(results: dict[str, list[dict]], names) -> list[str]:
@@ -292,7 +306,8 @@ def _table(results: dict[str, list[dict]], names) -> list[str]:
     for name in names:
         rows = results.get(name, [])
         if rows:
-            lines.append(f"| {name} | " + " | ".join(_cell([r[k] for r in rows]) for _, k in COLUMNS) + " |")
+            lines.append(f"| {name} | " + " | ".join(_cell([r[k] for r in rows], "{:.1f}" if k.endswith("_spikes")
+                                                           else "{:.3f}") for _, k in COLUMNS) + " |")
     return lines
 
 
@@ -336,6 +351,8 @@ def write_report(results: dict[str, list[dict]], sft: dict[int, dict], out: Path
             r["gold_gain"] = r["gold_greedy"] - sft[r["seed"]]["gold_greedy"]
             scores = [m["objective/score"] for m in r["history"]]  # the learned reward of the rollouts
             r["score_gain"] = sum(scores[-TAIL:]) / len(scores[-TAIL:]) - sum(scores[:TAIL]) / len(scores[:TAIL])
+            r["kl_spikes"] = spikes([m["objective/kl"] for m in r["history"]], KL_SPIKE_FACTOR, KL_SPIKE_FLOOR)
+            r["ppl_spikes"] = spikes([m["objective/perplexity"] for m in r["history"]], PPL_SPIKE_FACTOR)
     figure_dir.mkdir(parents=True, exist_ok=True)
     first = seeds[0]
 
@@ -359,7 +376,9 @@ def write_report(results: dict[str, list[dict]], sft: dict[int, dict], out: Path
         "changes, against the round's",
         "denoised reward model unless the name says baseline.",
         f"Cells: mean over seeds {', '.join(map(str, seeds))} (min..max). Gold greedy is on the held-out prompts "
-        f"(SFT: {_cell([sft[s]['gold_greedy'] for s in seeds])}).",
+        f"(SFT: {_cell([sft[s]['gold_greedy'] for s in seeds])}). Spikes: iterations whose rollout KL is over "
+        f"{KL_SPIKE_FACTOR:g}x the median of the {SPIKE_WINDOW} before (and over {KL_SPIKE_FLOOR:g}), or whose "
+        f"perplexity is over {PPL_SPIKE_FACTOR:g}x it.",
         "",
         "## 1. PPO-max against vanilla PPO (Part I Fig. 4)",
         "",

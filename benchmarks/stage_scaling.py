@@ -197,6 +197,7 @@ def plot(result: dict, path: Path) -> None:
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xticks(factors, [f"{f:g}x" for f in factors])
+    ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())  # only the sizes measured
     ax.set_xlabel(f"prompts / pairs (x {result['base_scale']:g} of {result['config']})")
     ax.set_ylabel("stage seconds")
     ax.set_title("Stage time vs size")
@@ -257,7 +258,7 @@ prompts). Peak RSS: the benchmark process's high-water mark while the stage ran 
 through /proc/self/clear_refs), so it includes what earlier stages left allocated (torch, the models, the
 tables); added: that peak minus the RSS the stage started at, what the stage itself needed; workers' peak: the
 summed RSS of the stage's worker processes, sampled every 50 ms with psutil (0: the stage ran in-process).
-Plot: `{result['figure']}`.
+![each stage's seconds against size, log-log]({result['figure']})
 {notes}{SECTION_END}
 """
 

@@ -4,6 +4,8 @@
     .venv/bin/python benchmarks/trl_ppo.py [--iterations 4] [--repeats 3] [--hidden-size 64] [--layers 2]
         [--json docs/benchmarks-trl-ppo.json] [--doc docs/benchmarks.md]
 
+Writes the JSON (--json), a bar chart of the phases beside it (same name, .png) and its section of --doc.
+
 TRL removed its PPOTrainer after 1.12 and the `bench` extra pins 1.16 (RewardTrainer), so TRL 1.12 is installed
 beside it into .bench/trl-1.12.0 (its dependencies are the project's own) and the TRL contender runs in a
 subprocess with that folder first on its path. Every contender runs in a fresh subprocess, the order rotated
@@ -273,6 +275,34 @@ def run_benchmark(args) -> dict:
     }
 
 
+def plot(result: dict, path: Path) -> None:
+    """Seconds per iteration per contender, stacked by phase (generation, scoring, training), TRL's total marked
+    and the goal's line (TRL's total / the goal ratio: a contender whose bar ends left of it meets the goal)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(result["median_seconds_per_iteration"])
+    phases = result["median_phase_seconds_per_iteration"]
+    fig, ax = plt.subplots(figsize=(7, 0.7 * len(names) + 1.6))
+    left = [0.0] * len(names)
+    for phase, colour in (("generation", "tab:blue"), ("scoring", "tab:orange"), ("training", "tab:green")):
+        widths = [phases[n][phase] for n in names]
+        ax.barh(names, widths, left=left, color=colour, label=phase)
+        left = [a + b for a, b in zip(left, widths)]
+    if "trl" in result["median_seconds_per_iteration"]:
+        goal = result["median_seconds_per_iteration"]["trl"] / result["goal_ratio"]
+        ax.axvline(goal, color="k", ls=":", lw=1, label=f"goal: TRL / {result['goal_ratio']:g}")
+    ax.invert_yaxis()
+    ax.set_xlabel("seconds per PPO iteration (median, steady state)")
+    ax.set_title(f"PPO step vs TRL {result['machine'].get('trl') or ''} ({result['date']})", fontsize=10)
+    ax.legend(fontsize=8, loc="upper right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
 def markdown_section(result: dict) -> str:
     setup, machine = result["setup"], result["machine"]
     lines = [
@@ -306,6 +336,8 @@ def markdown_section(result: dict) -> str:
         verdict = "met" if speedup >= result["goal_ratio"] else f"missed by {result['goal_ratio'] - speedup:.2f}x"
         lines += ["", f"Goal: the project's PPO step >= {result['goal_ratio']}x TRL's, like for like (top-p 1.0): "
                       f"{speedup:.2f}x wall, {result['cpu_speedup_vs_trl']['project']:.2f}x CPU; {verdict}."]
+    if result.get("figure"):
+        lines += ["", f"![seconds per PPO iteration by phase]({result['figure']})"]
     lines += [f"- {note}" for note in result["notes"]]
     lines.append(SECTION_END)
     return "\n".join(lines) + "\n"
@@ -342,7 +374,10 @@ def main(argv: list[str] | None = None) -> dict | None:
     from rlhf_core.artifacts import atomic_write_text
 
     result = run_benchmark(args)
+    figure = Path(args.json).with_suffix(".png")
+    result["figure"] = os.path.relpath(figure, Path(args.doc).parent)  # as the section links it
     atomic_write_text(args.json, json.dumps(result, indent=2) + "\n")
+    plot(result, figure)
     replace_section(Path(args.doc), markdown_section(result), SECTION_START, SECTION_END,
                     "# Benchmarks against TRL (issue 12)\n\n")
     print(json.dumps({"median_seconds_per_iteration": result["median_seconds_per_iteration"],

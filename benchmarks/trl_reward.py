@@ -21,7 +21,8 @@ and its ratio to TRL's best contender. Contenders (--contenders picks some):
 - trl: `trl.RewardTrainer` (no gradient checkpointing, no bf16: its fastest setting on a CPU), random sampler;
 - trl_grouped: the same with transformers' `train_sampling_strategy="group_by_length"`.
 
-Writes the JSON (--json) and its own section of --doc, between markers, keeping the rest of that file.
+Writes the JSON (--json), a bar chart of pairs/s beside it (same name, .png) and its own section of --doc, between
+markers, keeping the rest of that file.
 """
 
 from __future__ import annotations
@@ -276,6 +277,7 @@ def markdown_section(result: dict) -> str:
     mega = s["batch_size"] * max(1, min(s["pairs"] // (4 * s["batch_size"]), 50))
     notes = "".join(f"\n- {note}" for note in result.get("notes", []))
     notes = f"\nNotes on this run:\n{notes}\n" if notes else ""
+    figure = f"\n![pairs per second by contender]({result['figure']})\n" if result.get("figure") else ""
     verdict = ""
     if ratio:
         best = max(ratio, key=ratio.get)
@@ -314,7 +316,7 @@ the attention scores are not counted, padding is not either).
 | contender | reward read / head | batching | seconds per run | median pairs/s | MFU | vs TRL's best | CPU seconds per run | vs TRL's best, CPU |
 |---|---|---|---|---|---|---|---|---|
 {rows}
-{verdict}
+{verdict}{figure}
 What each side does per batch (read in the code: rlhf_core/reward/train.py and model.py; TRL 1.16
 trl/trainer/reward_trainer.py, transformers' trainer_pt_utils.py):
 
@@ -334,6 +336,35 @@ trl/trainer/reward_trainer.py, transformers' trainer_pt_utils.py):
   the timed span), the same mega-batch rule, longest batch first.
 {notes}{SECTION_END}
 """
+
+
+def plot(result: dict, path: Path) -> None:
+    """Median pairs/s per contender (TRL's grey), each bar's MFU at its end, and the goal's line (TRL's best x the
+    goal ratio)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    med, trl_best = result["median_pairs_per_s"], result["trl_best"]
+    names = list(med)
+    fig, ax = plt.subplots(figsize=(7.5, 0.42 * len(names) + 1.5))
+    ax.barh(names, [med[n] for n in names], color=["tab:gray" if n in TRL else "tab:blue" for n in names])
+    for i, name in enumerate(names):
+        ax.text(med[name], i, f" MFU {result['mfu'][name]:.2f}", va="center", fontsize=7)
+    if trl_best:
+        ax.axvline(med[trl_best] * result["goal_ratio"], color="k", ls=":", lw=1,
+                   label=f"goal: {result['goal_ratio']:g}x {trl_best}")
+        ax.legend(fontsize=8, loc="lower right")
+    ax.invert_yaxis()
+    ax.set_xlim(0, max(med.values()) * 1.25)
+    s = result["setup"]
+    ax.set_xlabel("pairs per second (median)")
+    ax.set_title(f"Reward-model training vs TRL (hidden {s['hidden_size']}, {s['layers']} layers, "
+                 f"{s['pairs']} pairs; {result['date']})", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
 
 
 def write_doc(doc: Path, section: str) -> None:
@@ -365,7 +396,10 @@ def main(argv: list[str] | None = None) -> dict:
     args.argv = sys.argv[1:] if argv is None else list(argv)
     args.load_at_start = os.getloadavg()[0]
     result = run_benchmark(args)
+    figure = Path(args.json).with_suffix(".png")
+    result["figure"] = os.path.relpath(figure, Path(args.doc).parent)  # as the section links it
     atomic_write_text(args.json, json.dumps(result, indent=2) + "\n")
+    plot(result, figure)
     write_doc(Path(args.doc), markdown_section(result))
     print(json.dumps({"median_pairs_per_s": result["median_pairs_per_s"], "ratio_vs_trl": result["ratio_vs_trl"]}))
     return result

@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
+import atexit
+import gc
 import json
 import os
 import shlex
 import sys
-import threading
 from pathlib import Path
 from types import ModuleType
-from typing import TYPE_CHECKING, Annotated, Any, Callable, Optional
+from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
 from rich.console import Console
@@ -69,42 +70,33 @@ def _check_tracking(cfg) -> None:
         raise typer.Exit(2) from None
 
 
-def start_prefect_api_early() -> Callable[[], None]:
-    """Start Prefect's ephemeral API in a background thread while the round's modules import; returns the wait for it.
-
-    Without a PREFECT_API_URL a flow's first call starts a local API server (a uvicorn subprocess, ~5 s on 2 cores,
-    docs/benchmarks.md) and waits for it. Started here, the subprocess comes up while this process imports torch,
-    transformers and mlflow; the flow then finds it running (`SubprocessASGIServer` is one per process). Call the
-    returned function before the first flow: Prefect marks the server running before it answers. A no-op where
-    PREFECT_API_URL names a server or the ephemeral API is off. A failed start is left to the flow, which
-    starts the server itself and reports its own error."""
-    from prefect.settings import PREFECT_API_URL, PREFECT_SERVER_EPHEMERAL_ENABLED
-
-    if PREFECT_API_URL.value() or not PREFECT_SERVER_EPHEMERAL_ENABLED.value():
-        return lambda: None
-
-    def start() -> None:
-        from prefect.server.api.server import SubprocessASGIServer
-
-        try:
-            SubprocessASGIServer().start()
-        except Exception:  # noqa: BLE001 - the flow's own start raises it again, with Prefect's message
-            pass
-
-    thread = threading.Thread(target=start, name="prefect-api-start", daemon=True)
-    thread.start()
-    return thread.join
-
-
 def prepare_round(cfg) -> ModuleType:
     """What every round command does before its flow: check the tracking server, then import the round's flows
-    while Prefect's API starts (`start_prefect_api_early`). Returns the flows' module, the API up."""
-    _check_tracking(cfg)
-    api_started = start_prefect_api_early()
+    while Prefect's local API starts (flows/local_api.py; nothing starts where PREFECT_API_URL names a server).
+    Returns the flows' module, the API up, the imported objects out of the garbage collector."""
+    from flows.local_api import LocalAPIError, start_local_api
+
+    _check_tracking(cfg)  # first: a dead tracking server starts nothing
+    api_started = start_local_api()
     import flows.round
 
-    api_started()
+    try:
+        api_started()
+    except LocalAPIError as err:
+        console.print(f"[red]{err}[/red]", soft_wrap=True)
+        raise typer.Exit(2) from None
+    freeze_imported_objects()
     return flows.round
+
+
+def freeze_imported_objects() -> None:
+    """Keep the ~750k objects the imports made (torch, transformers, Prefect, MLflow: they live as long as the
+    process) out of Python's cyclic garbage collector, during the round and at exit. Each full collection walks
+    them all (~0.45 s on 2 cores, 5-7 times in a demo round) and the interpreter's last ones at exit ~2 s; the
+    objects a round makes are collected as before (docs/benchmarks.md, "Orchestration overhead")."""
+    gc.freeze()
+    # runs after every exit handler registered later (Prefect's, the local API's stop): nothing left to flush
+    atexit.register(gc.freeze)
 
 
 def _run(cfg, stop_after: Optional[str] = None) -> dict:

@@ -147,6 +147,8 @@ def test_trl_reward_project_contenders_run_without_trl(out, monkeypatch):
     folder = out / "trl_reward"
     result = json.loads((folder / "benchmarks-trl-reward.json").read_text())
     assert set(result["runs"]) == {"project", "project_grouped", "project_shared_prompt"}
+    assert (folder / "benchmarks-trl-reward.png").stat().st_size > 0  # the plot, without TRL's bars or goal line
+    assert "![pairs per second by contender](benchmarks-trl-reward.png)" in (folder / "benchmarks.md").read_text()
     assert result["trl_best"] is None and result["ratio_vs_trl"] == {} and result["setup"]["same_token_ids"] is None
     for name, (run_,) in result["runs"].items():
         assert run_["steps"] == 1 and run_["pairs_per_s"] == pytest.approx(16 / run_["seconds"])
@@ -182,6 +184,7 @@ def test_trl_ppo_times_each_phase_of_every_contender_and_replaces_its_doc_sectio
     folder = run("trl_ppo", out)
 
     result = json.loads((folder / "benchmarks-trl-ppo.json").read_text())
+    assert (folder / "benchmarks-trl-ppo.png").stat().st_size > 0 and result["figure"] == "benchmarks-trl-ppo.png"
     with_trl = trl_ppo.trl_available()  # TRL 1.12 in .bench/: not in CI
     assert set(result["runs"]) == ({*trl_ppo.CONTENDERS} if with_trl else {"project", "project_top_p_0.9"})
     for name, (run_,) in result["runs"].items():
@@ -601,9 +604,11 @@ def test_orchestration_overhead_flow_against_direct_stages(out):
     doc.write_text("# Benchmarks\n\nan earlier section\n")
     folder = run("orchestration_overhead", out)
     result = json.loads((folder / "orchestration-overhead.json").read_text())
+    assert (folder / "orchestration-overhead.png").stat().st_size > 0
+    assert f"]({result['figure']})" in doc.read_text() and result["figure"] == "orchestration-overhead.png"
     orchestrated, direct = result["seconds"]["orchestrated"][0], result["seconds"]["direct"][0]  # 1 repeat
     assert result["round_call_ratio"] == pytest.approx(orchestrated / direct)
-    # rated: whole processes (the orchestrated one starts Prefect's API while it imports, as `rlhf demo` does)
+    # rated: whole processes (the orchestrated one starts Prefect's local API while it imports, as `rlhf demo` does)
     process = {c: result["process_seconds"][c][0] for c in ("orchestrated", "direct")}
     assert process["orchestrated"] > orchestrated and process["direct"] > direct
     assert result["ratio"] == pytest.approx(process["orchestrated"] / process["direct"])

@@ -1,0 +1,125 @@
+"""Prefect's local API for a command-line round, started as the process starts, beside the round's imports.
+
+Without PREFECT_API_URL, Prefect starts an ephemeral API server (a uvicorn subprocess) at a flow's first call and
+waits for it (~5 s on 2 cores). Its launcher, `SubprocessASGIServer`, lives in `prefect.server`, whose import costs
+the launching process ~3 s of CPU for nothing but the launch (docs/benchmarks.md, "Orchestration overhead").
+`start_local_api` launches the same server the same way (Prefect's app factory under uvicorn, in ephemeral mode,
+no UI, the process's settings passed on) without importing `prefect.server`, and points this process's Prefect
+settings at it: the flow then runs on it as on any configured server. The server stops when the process exits.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Callable
+
+log = logging.getLogger("rlhf")
+START_ATTEMPTS = 3  # a port taken between choosing it and the server binding it: try another
+
+
+class LocalAPIError(RuntimeError):
+    """Prefect's local API did not come up."""
+
+
+class LocalAPI:
+    """One uvicorn process serving `prefect.server.api.server:create_app` on 127.0.0.1 (as Prefect's ephemeral mode
+    runs it: PREFECT__SERVER_EPHEMERAL=1, the UI off)."""
+
+    def __init__(self) -> None:
+        self.port = 0
+        self.process: subprocess.Popen | None = None
+
+    @property
+    def api_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/api"
+
+    def launch(self) -> None:
+        import prefect
+        from prefect.settings import get_current_settings
+
+        self.port = _free_port()
+        env = {**os.environ, "PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1", "PREFECT__SERVER_FINAL": "1",
+               **get_current_settings().to_environment_variables(exclude_unset=True)}
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "uvicorn", "--app-dir", str(Path(prefect.__file__).parents[1]), "--factory",
+             "prefect.server.api.server:create_app", "--host", "127.0.0.1", "--port", str(self.port),
+             "--log-level", "error", "--lifespan", "on"], env=env)
+
+    def wait_healthy(self, timeout_s: float) -> None:
+        """Until /api/health answers 200; a server that exited early (its port taken) is launched again."""
+        deadline, attempts = time.monotonic() + timeout_s, 1
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                if attempts == START_ATTEMPTS:
+                    break
+                attempts += 1
+                self.launch()
+                _point_prefect_at(self.api_url)
+                continue
+            try:
+                with urllib.request.urlopen(f"{self.api_url}/health", timeout=2) as response:
+                    if response.status == 200:
+                        return
+            except (urllib.error.URLError, OSError):
+                pass
+            time.sleep(0.1)
+        code = self.process.poll()
+        self.stop()
+        state = (f"exited with code {code} (its error is above)" if code is not None
+                 else f"no answer in {timeout_s:.0f} s")
+        raise LocalAPIError(
+            f"Prefect's local API on 127.0.0.1:{self.port} did not start: {state}. Start a Prefect server "
+            "(bash infra/services.sh start) and set PREFECT_API_URL to it, or raise "
+            "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS on a loaded machine.")
+
+    def stop(self) -> None:
+        if self.process is None or self.process.poll() is not None:
+            return
+        self.process.terminate()
+        try:
+            self.process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+
+def start_local_api() -> Callable[[], None]:
+    """Launch Prefect's local API now and point this process at it; returns the wait for it to answer (call it
+    before the first flow: the launch returns at once, the server needs seconds). A no-op where PREFECT_API_URL
+    names a server or Prefect's ephemeral API is turned off (PREFECT_SERVER_EPHEMERAL_ENABLED=false)."""
+    from prefect.settings import (PREFECT_API_URL, PREFECT_SERVER_EPHEMERAL_ENABLED,
+                                  PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS)
+
+    if PREFECT_API_URL.value() or not PREFECT_SERVER_EPHEMERAL_ENABLED.value():
+        return lambda: None
+    server = LocalAPI()
+    server.launch()
+    atexit.register(server.stop)
+    _point_prefect_at(server.api_url)
+    log.info("Prefect's local API starting on %s (set PREFECT_API_URL to use a long-lived server)", server.api_url)
+    timeout_s = float(PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS.value())
+    return lambda: server.wait_healthy(timeout_s)
+
+
+def _point_prefect_at(api_url: str) -> None:
+    """PREFECT_API_URL for this process (and its children) from now on. Prefect reads its settings into a global
+    context at import: refreshing it makes the new value the one every later client, flow and task sees."""
+    from prefect.context import refresh_global_settings_context
+
+    os.environ["PREFECT_API_URL"] = api_url
+    refresh_global_settings_context()
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
