@@ -5,7 +5,8 @@ waits for it (~5 s on 2 cores). Its launcher, `SubprocessASGIServer`, lives in `
 the launching process ~3 s of CPU for nothing but the launch (docs/benchmarks.md, "Orchestration overhead").
 `start_local_api` launches the same server the same way (Prefect's app factory under uvicorn, in ephemeral mode,
 no UI, the process's settings passed on) without importing `prefect.server`, and points this process's Prefect
-settings at it: the flow then runs on it as on any configured server. The server stops when the process exits.
+settings at it: the flow then runs on it as on any configured server. The server stops when the process exits,
+also when it is killed (Linux).
 """
 
 from __future__ import annotations
@@ -49,10 +50,12 @@ class LocalAPI:
         self.port = _free_port()
         env = {**os.environ, "PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1", "PREFECT__SERVER_FINAL": "1",
                **get_current_settings().to_environment_variables(exclude_unset=True)}
+        env.pop("PREFECT_API_URL", None)  # a relaunch: this process already points at the port that failed
         self.process = subprocess.Popen(
             [sys.executable, "-m", "uvicorn", "--app-dir", str(Path(prefect.__file__).parents[1]), "--factory",
              "prefect.server.api.server:create_app", "--host", "127.0.0.1", "--port", str(self.port),
-             "--log-level", "error", "--lifespan", "on"], env=env)
+             "--log-level", "error", "--lifespan", "on"], env=env,
+            preexec_fn=_stop_with_parent if sys.platform == "linux" else None)
 
     def wait_healthy(self, timeout_s: float) -> None:
         """Until /api/health answers 200; a server that exited early (its port taken) is launched again."""
@@ -117,6 +120,17 @@ def _point_prefect_at(api_url: str) -> None:
 
     os.environ["PREFECT_API_URL"] = api_url
     refresh_global_settings_context()
+
+
+def _stop_with_parent() -> None:
+    """In the server's process, before it runs (Linux): SIGTERM to it when the thread that launched it dies, so a
+    round killed with SIGKILL leaves no server behind (atexit does not run then). Launched from the main thread,
+    which lives as long as the process."""
+    import ctypes
+    import signal
+
+    PR_SET_PDEATHSIG = 1
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 def _free_port() -> int:

@@ -207,3 +207,31 @@ def test_a_local_api_that_cannot_start_is_one_clear_error(tmp_path, monkeypatch)
         server.wait_healthy(timeout_s=30)
     assert server.process.poll() is not None
 
+
+
+def test_a_round_killed_with_sigkill_leaves_no_local_api_behind(tmp_path):
+    """atexit does not run on SIGKILL: the local API is tied to the process that launched it (Linux), so a killed
+    round does not leave a server holding a port and Prefect's database."""
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    if sys.platform != "linux":
+        pytest.skip("PR_SET_PDEATHSIG is Linux's")
+    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
+    env |= {"PREFECT_HOME": str(tmp_path / "prefect"), "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "180"}
+    script = ("import os, time\nfrom flows.local_api import start_local_api\nwait = start_local_api()\nwait()\n"
+              "print(os.environ['PREFECT_API_URL'], flush=True)\ntime.sleep(600)\n")
+    round_ = subprocess.Popen([sys.executable, "-c", script], env=env, stdout=subprocess.PIPE, text=True,
+                              cwd=Path(__file__).parents[1])
+    url = round_.stdout.readline().strip()
+    port = int(url.rsplit(":", 1)[1].split("/")[0])
+    assert _listening(port)
+    round_.send_signal(signal.SIGKILL)
+    round_.wait()
+    deadline = time.time() + 30
+    while _listening(port) and time.time() < deadline:
+        time.sleep(0.2)
+    assert not _listening(port)
