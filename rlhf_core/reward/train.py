@@ -101,20 +101,24 @@ def shared_prompt_batch(encoded: EncodedPairs, rows: np.ndarray, group_rows: int
              + [encoded.rejected[i][encoded.prompt[i]:] for i in rows])  # reply and eos, after the shared prompt
     n_response = [encoded.chosen_response[i] for i in rows] + [encoded.rejected_response[i] for i in rows]
     pair = np.concatenate([np.arange(B), np.arange(B)])  # (2B,) the prompt row each continuation follows
-    order = np.argsort([len(t) for t in tails], kind="stable")
     continuations = []
-    for start in range(0, 2 * B, group_rows):
-        part = order[start : start + group_rows]
+    for part in _by_length_in_groups([len(t) for t in tails], group_rows):
         group = right_padded([tails[k] for k in part], [n_response[k] for k in part], encoded.pad_id)
         group |= {"pair": torch.as_tensor(pair[part]), "row": torch.as_tensor(part)}
         continuations.append(group if device is None else {k: v.to(device) for k, v in group.items()})
-    by_length = np.argsort([len(p) for p in prompts], kind="stable")
-    prompt_groups = [torch.as_tensor(by_length[start : start + group_rows]) for start in range(0, B, group_rows)]
+    prompt_groups = [torch.as_tensor(part) for part in _by_length_in_groups([len(p) for p in prompts], group_rows)]
     if device is not None:
         prompt_ids, prompt_mask = prompt_ids.to(device), prompt_mask.to(device)
         prompt_groups = [g.to(device) for g in prompt_groups]
     return {"prompt_ids": prompt_ids, "prompt_mask": prompt_mask, "prompt_groups": prompt_groups,
             "continuations": continuations}
+
+
+def _by_length_in_groups(lengths: list[int], group_rows: int) -> list[np.ndarray]:
+    """Indices into `lengths`, shortest first (ties in order), cut into groups of `group_rows`: rows of similar
+    length share a pass and pad little."""
+    order = np.argsort(lengths, kind="stable")
+    return [order[start : start + group_rows] for start in range(0, len(order), group_rows)]
 
 
 def training_batch(encoded: EncodedPairs, rows: np.ndarray, cfg: RewardTrainConfig,
