@@ -358,9 +358,9 @@ class RewardTrainConfig(StrictModel):
         "contrastive loss, which read the whole rows' states",
     )
     share_prompt_group_rows: int = Field(
-        4, ge=1, description="share_prompt: replies per pass, sorted by length, so that each pass pads to its own "
-        "longest (4 and 8 were the fastest of 4-32 on a 2-core CPU with batch 16, docs/shared-prompt.md; a GPU wants "
-        "more)",
+        4, ge=1, description="share_prompt: prompts, and replies, per trunk pass, sorted by length, so that each pass "
+        "pads to its own longest (4 was the fastest of 4/8/16 rows in training on a 2-core CPU with batch 16, at hidden "
+        "128 and 768, docs/benchmarks.md; a GPU wants more)",
     )
 
     @model_validator(mode="after")
@@ -411,6 +411,9 @@ class VotingConfig(StrictModel):
         if self.mode == "fast" and self.train.contrastive.coef:
             raise ValueError("voting.mode fast trains heads without the contrastive loss: set "
                              "voting.train.contrastive.coef 0 (or use mode faithful)")
+        if self.mode == "fast" and self.train.lm_coef:
+            raise ValueError("voting.mode fast trains heads without the LM (imitation) loss: set "
+                             "voting.train.lm_coef 0 (or use mode faithful)")
         if self.train.meta.enabled:
             raise ValueError("voting.train.meta.enabled: voters vote on the annotated pairs and get no policy "
                              "samples; MetaRM belongs to reward.train")

@@ -155,8 +155,8 @@ def test_trl_reward_project_contenders_run_without_trl(out, monkeypatch):
     rows = table((folder / "benchmarks.md").read_text(), "| contender |")
     assert [r[0] for r in rows] == ["project", "project_grouped", "project_shared_prompt"]
     assert all(r[6] == r[8] == "–" for r in rows)
-    assert rows[2][1:3] == ["end_token+logprob", "length_grouped, prompt shared, groups of 8 rows"]
-    assert result["setup"]["share_prompt_group_rows"] == 8
+    assert rows[2][1:3] == ["end_token+logprob", "length_grouped, prompt shared, groups of 4 rows"]
+    assert result["setup"]["share_prompt_group_rows"] == 4  # the config's default
 
 
 def test_shared_prompt_measures_padding_time_and_accuracy(shared_round):
@@ -636,6 +636,33 @@ def test_orchestration_overhead_flow_against_direct_stages(out):
 
 
 @pytest.mark.slow  # configs/mini.yaml's round at 1x and 2x its prompts, each in its own process (about a minute)
+def test_voting_modes_times_each_mode_against_one_reward_model(shared_round):
+    import voting_modes
+
+    folder = run("voting_modes", shared_round)
+    result = json.loads((folder / "benchmarks-voting.json").read_text())
+    assert result["contenders"] == list(voting_modes.CONTENDERS) and result["n_pairs"] == 24  # configs/mini.yaml's
+    for name in voting_modes.CONTENDERS:
+        seconds = result["seconds"][name]
+        assert len(seconds) == 2 and all(s > 0 for s in seconds)
+        assert result["vs_one_reward_model"][name] == pytest.approx(
+            statistics.median(seconds) / statistics.median(result["seconds"]["one_reward_model"]))
+    assert all(result["same_votes_every_repeat"].values())  # seeded: every repeat votes alike
+    agreement = result["agreement"]
+    assert set(agreement) == set(voting_modes.VOTING) and agreement["faithful"]["spearman_vs_faithful"] == pytest.approx(1.0)
+    for report in agreement.values():
+        assert_fractions([report["share_flipped"], report["gold_agreement_after_excl_gold_ties"]])
+    assert len(result["fast_vs_faithful_means"]["fast"]) == 24
+    assert (folder / "benchmarks-voting.png").stat().st_size > 0
+    text = (folder / "benchmarks.md").read_text()
+    assert f"]({result['figure']})" in text and result["figure"] == "benchmarks-voting.png"
+    rows = table(text, "| contender | seconds per run |")
+    assert [r[0] for r in rows] == list(voting_modes.CONTENDERS) and rows[0][2] == "1.00x"
+    run("voting_modes", shared_round)  # a second run replaces its section
+    text = (folder / "benchmarks.md").read_text()
+    assert text.count(voting_modes.SECTION_START) == 1 == text.count(voting_modes.SECTION_END)
+
+
 def test_stage_scaling_times_and_memory_per_stage(out):
     import stage_scaling
 

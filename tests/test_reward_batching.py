@@ -194,3 +194,89 @@ def test_share_prompt_is_refused_with_the_losses_that_read_the_whole_rows():
         RewardTrainConfig(share_prompt=True, lm_coef=0.5)
     with pytest.raises(ValueError, match="share_prompt cannot be combined"):
         RewardTrainConfig(share_prompt=True, contrastive={"coef": 0.1})
+
+
+# ---------------------------------------------------------------- fast voting batches as training does
+
+
+def test_fast_voters_read_every_head_the_same_with_the_prompt_shared(init_dir):
+    """SharedTrunkVoters over a shared-prompt batch: (2B, M) rewards and every weight's gradient equal the plain
+    rows' for every read (the log-likelihood computed once for the M heads)."""
+    from rlhf_core.reward.voting import SharedTrunkVoters
+
+    encoded = encode_pairs(models.build_tokenizer(), pairs_of_lengths(6), max_length=16)
+    rows = np.array([5, 0, 3, 1, 4, 2])
+    for read in ("end_token", "end_token+logprob", "end_token+weighted_logprob"):
+        voters = SharedTrunkVoters(RewardModel.from_policy(init_dir, 0, read), 3)
+        if voters.token_weights is not None:  # away from the zero start, so each head weighs its tokens its own way
+            torch.nn.init.normal_(voters.token_weights.weight, std=0.1)
+        with torch.no_grad():
+            voters.logprob_weights.copy_(torch.tensor([1.0, 0.5, -2.0]))
+        signs = torch.randn(12, 3, generator=torch.Generator().manual_seed(0))  # any weighting of the (2B, M)
+
+        def rewards_and_grads(batch):
+            voters.zero_grad()
+            rewards = voters(batch)
+            (signs * rewards).sum().backward()
+            return rewards.detach(), {n: p.grad.clone() for n, p in voters.named_parameters() if p.grad is not None}
+
+        plain, plain_grads = rewards_and_grads(pair_batch(encoded, rows))
+        assert plain.shape == (12, 3)
+        # head m's column is the base model's read with head m's weights
+        single = RewardModel.from_policy(init_dir, 0, read)
+        with torch.no_grad():
+            single.head().weight.copy_(voters.heads[1].weight)
+            single.logprob_weight.fill_(0.5)
+            if single.token_weight is not None:
+                single.token_weight.weight[0] = voters.token_weights.weight[1]
+                single.token_weight.bias.fill_(float(voters.token_weights.bias[1]))
+            torch.testing.assert_close(single(**pair_batch(encoded, rows)), plain[:, 1], atol=1e-5, rtol=1e-5)
+        shared, shared_grads = rewards_and_grads(shared_prompt_batch(encoded, rows, group_rows=4))
+        torch.testing.assert_close(shared, plain, atol=1e-4, rtol=1e-5)
+        assert shared_grads.keys() == plain_grads.keys()
+        for name, grad in plain_grads.items():
+            torch.testing.assert_close(shared_grads[name], grad, atol=1e-4, rtol=1e-4, msg=f"{read} {name}")
+
+
+def test_fast_voting_trains_on_the_batches_its_config_asks_for(init_dir, monkeypatch):
+    """voting.train's batching reaches the shared trunk: the rows of every step are `epoch_batches`' for the
+    voting seed (after the heads' bootstrap weights are drawn), and with the prompt shared the votes follow the
+    same trajectory as the plain rows."""
+    from rlhf_core.config import VotingConfig
+    from rlhf_core.reward import voting
+
+    pairs = pairs_of_lengths(24)
+    pairs["pair_id"] = [f"p{i}" for i in range(24)]
+    train = RewardTrainConfig(epochs=2, batch_size=4, max_length=32, batching="length_grouped")
+    cfg = VotingConfig(n_models=3, mode="fast", train=train)
+    seen = []
+    real_batch = voting.training_batch
+
+    def recording_batch(encoded, rows, tcfg, device=None):
+        seen.append(np.asarray(rows).tolist())
+        return real_batch(encoded, rows, tcfg, device)
+
+    monkeypatch.setattr(voting, "training_batch", recording_batch)
+    plain, _ = voting.vote(init_dir, pairs, cfg, seed=7)
+    rng = np.random.default_rng(7)
+    rng.poisson(1.0, size=(24, 3))
+    lengths = encode_pairs(models.build_tokenizer(), pairs, 32).lengths()
+    expected = [b.tolist() for _ in range(2) for b in epoch_batches(24, train, rng, lengths)]
+    assert seen[: len(expected)] == expected  # then the scoring batches
+    assert any(len({int(lengths[i]) for i in b}) == 1 for b in expected)  # length-grouped, not a permutation cut
+
+    random_rows = train.model_copy(update={"batching": "random"})
+    plain, _ = voting.vote(init_dir, pairs, cfg.model_copy(update={"train": random_rows}), seed=7)
+    shared, _ = voting.vote(init_dir, pairs, cfg.model_copy(
+        update={"train": random_rows.model_copy(update={"share_prompt": True})}), seed=7)
+    np.testing.assert_allclose(np.array(shared["diffs"].tolist()), np.array(plain["diffs"].tolist()),
+                               atol=1e-3, rtol=1e-3)
+    assert list(shared["bucket"]) == list(plain["bucket"])
+
+
+def test_fast_voting_refuses_the_lm_loss_it_does_not_train():
+    from rlhf_core.config import VotingConfig
+
+    with pytest.raises(ValueError, match="voting.train.lm_coef 0"):
+        VotingConfig(mode="fast", train=RewardTrainConfig(lm_coef=0.5))
+    VotingConfig(mode="faithful", train=RewardTrainConfig(lm_coef=0.5))  # a faithful voter trains it

@@ -30,6 +30,7 @@ as `rlhf_reward = {"read": ..., "logprob_weight": a}`, read back by `RewardModel
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Literal
 
@@ -42,6 +43,9 @@ from rlhf_core.models import classification_head, format_query, reward_model_fro
 
 Read = Literal["end_token", "end_token+logprob", "end_token+weighted_logprob"]
 READS: tuple[str, ...] = ("end_token", "end_token+logprob", "end_token+weighted_logprob")
+# a read of rewards off the trunk's states: (end (N, H), predictor (N, T', H), targets (N, T'), predicts (N, T'))
+# -> rewards (N,) or (N, M); `RewardModel.read_rewards` is the model's own
+ReadFunction = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 CONFIG_KEY = "rlhf_reward"  # the entry of config.json that holds the read and the weight
 
 
@@ -173,26 +177,24 @@ class RewardModel(nn.Module):
         return self.trunk()(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
 
     def rewards_from_hidden(self, hidden: torch.Tensor, batch: dict[str, torch.Tensor],
-                            head: nn.Module | None = None, logprob_weight: torch.Tensor | None = None
-                            ) -> torch.Tensor:
-        """(N,) rewards from the trunk's hidden states; `head`/`logprob_weight` replace the model's own
-        (voting's shared-trunk mode reads several heads off one pass)."""
-        return self.read_rewards(self.end_hidden(hidden, batch), hidden[:, :-1], batch["input_ids"][:, 1:],
-                                 batch["response_mask"][:, 1:].bool(), head, logprob_weight)
+                            read: ReadFunction | None = None) -> torch.Tensor:
+        """(N,) rewards from the trunk's hidden states of right-padded rows; `read` replaces `read_rewards`
+        (voting's shared-trunk mode reads M heads off one pass, (N, M))."""
+        read = self.read_rewards if read is None else read
+        return read(self.end_hidden(hidden, batch), hidden[:, :-1], batch["input_ids"][:, 1:],
+                    batch["response_mask"][:, 1:].bool())
 
-    def read_rewards(self, end: torch.Tensor, predictor: torch.Tensor, targets: torch.Tensor, predicts: torch.Tensor,
-                     head: nn.Module | None = None, logprob_weight: torch.Tensor | None = None) -> torch.Tensor:
+    def read_rewards(self, end: torch.Tensor, predictor: torch.Tensor, targets: torch.Tensor, predicts: torch.Tensor
+                     ) -> torch.Tensor:
         """(N,) the read: the head at `end` (N, H), plus the log-likelihood of the response tokens `targets` (N, T')
         where `predicts` (N, T'), each predicted from the state `predictor` (N, T', H) at the same index."""
-        head = self.head() if head is None else head
-        rewards = head(end).squeeze(-1)  # (N,)
+        rewards = self.head()(end).squeeze(-1)  # (N,)
         if self.read == "end_token":
             return rewards
-        weight = self.logprob_weight if logprob_weight is None else logprob_weight
         token_logp = self.token_logprob(predictor, targets, predicts)  # (N, T')
         if self.token_weight is None:
-            return rewards + weight * token_logp.sum(dim=1)
-        per_token = weight + self.token_weight(predictor).squeeze(-1)  # (N, T'): a + u . h_{t-1} + b
+            return rewards + self.logprob_weight * token_logp.sum(dim=1)
+        per_token = self.logprob_weight + self.token_weight(predictor).squeeze(-1)  # (N, T'): a + u . h_{t-1} + b
         return rewards + (per_token * token_logp).sum(dim=1)
 
     def end_hidden(self, hidden: torch.Tensor, batch: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -237,7 +239,8 @@ class RewardModel(nn.Module):
 
     def shared_prompt_rewards(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
                               continuations: list[dict[str, torch.Tensor]],
-                              prompt_groups: list[torch.Tensor] | None = None) -> torch.Tensor:
+                              prompt_groups: list[torch.Tensor] | None = None, read: ReadFunction | None = None
+                              ) -> torch.Tensor:
         """(2B,) the rewards of B pairs, each pair's prompt run through the trunk once for its two replies.
 
         prompt_ids, prompt_mask: (B, P) the tokens each pair's chosen and rejected rows share at the start (its
@@ -248,7 +251,8 @@ class RewardModel(nn.Module):
         continues, and row (n,), its place in the output. A group runs the trunk over its continuations with its
         prompts' keys and values as the cache (their padding masked out). The result equals `forward` on the whole
         rows up to float rounding (tests/test_reward_batching.py), with each prompt's tokens run once instead of
-        twice and each pass padded to its own longest (issue 12).
+        twice and each pass padded to its own longest (issue 12). `read` replaces `read_rewards` (voting's
+        shared-trunk mode: (2B, M), one column per head).
         """
         if self.is_encoder():
             raise ValueError("reward.train.share_prompt needs a decoder (a causal trunk with a key-value cache); "
@@ -272,6 +276,7 @@ class RewardModel(nn.Module):
         last_state = torch.cat(states)[back]  # (B, H)
         keys_values = [(torch.cat(keys)[back], torch.cat(values)[back])
                        for keys, values in zip(zip(*layer_keys), zip(*layer_values))]
+        read = self.read_rewards if read is None else read
         rewards, rows = [], []
         for group in continuations:
             pair, mask = group["pair"], group["attention_mask"]  # (n,), (n, C)
@@ -285,7 +290,7 @@ class RewardModel(nn.Module):
             predictor = torch.cat([last_state[pair, None], hidden[:, :-1]], dim=1)  # (n, C, H): t predicts token t
             predicts = group["response_mask"].bool()
             predicts[:, 0] &= prompt_length[pair] > 0  # an empty prompt predicts nothing (as a row's first token)
-            rewards.append(self.read_rewards(end, predictor, group["input_ids"], predicts))
+            rewards.append(read(end, predictor, group["input_ids"], predicts))
             rows.append(group["row"])
         return torch.cat(rewards)[torch.argsort(torch.cat(rows))]
 

@@ -16,7 +16,8 @@ Two schemes:
 
 Two modes:
 - faithful (the paper): M full reward models, trained one after the other (one in memory at a time);
-- fast: one shared trunk with M heads (and M log-likelihood weights), one forward pass per batch;
+- fast: one shared trunk with M heads (and M log-likelihood weights), one forward pass per batch
+  (batched as voting.train says: random or length-grouped, the prompt shared or not);
   head m sees every pair with a Poisson(1) bootstrap weight of its own (seeded), which stands in
   for its own data order. Cost about one reward-model training; in_sample only (the shared trunk
   trains on every pair).
@@ -44,9 +45,10 @@ from torch import nn
 from rlhf_core import models
 from rlhf_core.artifacts import atomic_write, atomic_write_text
 from rlhf_core.config import VotingConfig
-from rlhf_core.reward.losses import bradley_terry_terms
+from rlhf_core.reward.losses import bradley_terry_terms, smooth_labels
 from rlhf_core.reward.model import RewardModel
-from rlhf_core.reward.train import _optional_column, encode_pairs, pair_batch, pair_reward_diffs, train_reward_model
+from rlhf_core.reward.train import (_optional_column, encode_pairs, epoch_batches, pair_reward_diffs, training_batch,
+                                     train_reward_model)
 from rlhf_core.schemas import validate_table
 
 BUCKETS = ("incorrect", "ambiguous", "normal")
@@ -250,23 +252,36 @@ class SharedTrunkVoters(nn.Module):
             nn.init.zeros_(self.token_weights.weight)
             nn.init.zeros_(self.token_weights.bias)
 
-    def forward(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        """(N, M) rewards of every head, from one pass of the trunk."""
+    def forward(self, batch: dict) -> torch.Tensor:
+        """(N, M) rewards of every head from one pass of the trunk over a `pair_batch`, or (2B, M) over a
+        `shared_prompt_batch` (each prompt run once for both replies)."""
+        if "continuations" in batch:
+            return self.base.shared_prompt_rewards(batch["prompt_ids"], batch["prompt_mask"], batch["continuations"],
+                                                   batch["prompt_groups"], read=self.read)
         hidden = self.base.hidden_states(batch["input_ids"], batch["attention_mask"])  # (N, T, H)
-        end = self.base.end_hidden(hidden, batch)  # (N, H)
+        return self.base.rewards_from_hidden(hidden, batch, read=self.read)
+
+    def read(self, end: torch.Tensor, predictor: torch.Tensor, targets: torch.Tensor, predicts: torch.Tensor
+             ) -> torch.Tensor:
+        """(N, M) `RewardModel.read_rewards` with each head's own head, log-likelihood weight and token weights;
+        the log-likelihood is computed once for all heads."""
         rewards = torch.cat([head(end) for head in self.heads], dim=1)  # (N, M)
         if self.base.read == "end_token":
             return rewards
+        token_logp = self.base.token_logprob(predictor, targets, predicts)  # (N, T')
         if self.token_weights is None:
-            return rewards + self.logprob_weights[None, :] * self.base.response_logprob(hidden, batch)[:, None]
-        per_token = self.logprob_weights[None, None, :] + self.token_weights(hidden[:, :-1])  # (N, T-1, M)
-        return rewards + (per_token * self.base.response_token_logprob(hidden, batch)[..., None]).sum(dim=1)
+            return rewards + self.logprob_weights[None, :] * token_logp.sum(dim=1)[:, None]
+        per_token = self.logprob_weights[None, None, :] + self.token_weights(predictor)  # (N, T', M)
+        return rewards + (per_token * token_logp[..., None]).sum(dim=1)
 
 
 def shared_trunk_diffs(init_dir, pairs: pd.DataFrame, cfg: VotingConfig, seed: int, progress: bool = False
                        ) -> tuple[np.ndarray, list[float]]:
     """Fast mode: train SharedTrunkVoters on `pairs` (each head with its own Poisson(1) pair weights); returns
-    (N, M) diffs and each head's last-epoch training accuracy."""
+    (N, M) diffs and each head's last-epoch training accuracy.
+
+    The pairs are tokenised once; cfg.train's batching, share_prompt, margin / soft_label columns and label
+    smoothing apply as in `train_reward_model` (its lm_coef and contrastive loss are refused by VotingConfig)."""
     tcfg = cfg.train
     voters = SharedTrunkVoters(RewardModel.from_policy(init_dir, seed, tcfg.read), cfg.n_models)
     tokenizer = models.load_tokenizer(init_dir)
@@ -283,22 +298,23 @@ def shared_trunk_diffs(init_dir, pairs: pd.DataFrame, cfg: VotingConfig, seed: i
     total = tcfg.epochs * -(-len(pairs) // tcfg.batch_size)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0 - step / total)
     encoded = encode_pairs(tokenizer, pairs, tcfg.max_length)  # once: every batch is padded from it
+    lengths = encoded.batching_lengths(tcfg.share_prompt)
     voters.train()
     bar = tqdm(total=total, desc="vote (shared trunk)", disable=not progress, leave=False)
     for _ in range(tcfg.epochs):
         correct = np.zeros(cfg.n_models)  # this epoch's pairs ranked right, per head
-        order = rng.permutation(len(pairs))
-        for start in range(0, len(pairs), tcfg.batch_size):
-            rows = order[start : start + tcfg.batch_size]
+        for rows in epoch_batches(len(pairs), tcfg, rng, lengths):  # tcfg.batching, as a faithful voter's
             batch_pairs = pairs.iloc[rows]
             B = len(rows)
-            rewards = voters(pair_batch(encoded, rows))  # (2B, M)
+            rewards = voters(training_batch(encoded, rows, tcfg))  # (2B, M)
             gap = rewards[:B] - rewards[B:]  # (B, M)
             margin = _optional_column(batch_pairs, "margin")
             soft = _optional_column(batch_pairs, "soft_label")
             d = gap - (margin[:, None] if margin is not None else 0.0)
-            p = soft[:, None] if soft is not None else torch.ones_like(d)
-            per_pair = bradley_terry_terms(d, p.expand_as(d))  # (B, M) Bradley-Terry per head
+            p = soft if soft is not None else torch.ones(B)  # (B,)
+            if tcfg.label_smoothing:
+                p = smooth_labels(p, tcfg.label_smoothing)
+            per_pair = bradley_terry_terms(d, p[:, None].expand_as(d))  # (B, M) Bradley-Terry per head
             w = weights[rows]  # (B, M)
             loss = (w * per_pair).sum() / w.sum().clamp(min=1.0)
             optimizer.zero_grad(set_to_none=True)
@@ -314,6 +330,6 @@ def shared_trunk_diffs(init_dir, pairs: pd.DataFrame, cfg: VotingConfig, seed: i
     with torch.no_grad():
         for start in range(0, len(pairs), 64):
             rows = np.arange(start, min(start + 64, len(pairs)))
-            rewards = voters(pair_batch(encoded, rows))
+            rewards = voters(training_batch(encoded, rows, tcfg))
             diffs.append((rewards[: len(rows)] - rewards[len(rows):]).double().numpy())
     return np.concatenate(diffs), (correct / len(pairs)).tolist()
