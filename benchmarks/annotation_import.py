@@ -1,5 +1,5 @@
 """Time a streamed import of text pairs at 100k, 300k and 1M rows, with peak memory; write
-docs/benchmark-annotation-import.md.
+docs/benchmark-annotation-import.md (and its .json and .png).
 
     .venv/bin/python benchmarks/annotation_import.py [--sizes 100000,300000,1000000] [--in-memory-sizes 100000,300000]
         [--batch-rows 20000] [--style hh]
@@ -35,6 +35,10 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from rlhf_core.artifacts import atomic_write_text
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from result_files import figure_axes, save_figure, write_json  # noqa: E402
 
 WORDS = [
     "the", "a", "of", "to", "and", "in", "is", "it", "you", "that", "for", "on", "with", "as", "was", "be", "can",
@@ -150,7 +154,7 @@ def _mb(kb: float) -> str:
     return f"{kb / 1024:,.0f}"
 
 
-def report(args: argparse.Namespace, command: str, results: list[dict], files: dict[int, dict]) -> str:
+def report(args: argparse.Namespace, command: str, results: list[dict], files: dict[int, dict], figure: str) -> str:
     lines = [
         "# Annotation import benchmark: text pairs, streamed vs in memory",
         "",
@@ -167,6 +171,8 @@ def report(args: argparse.Namespace, command: str, results: list[dict], files: d
         + "(DataFrames; the only import before this benchmark); the stage = `importer.import_files`, what the "
         + "annotation stage runs (streamed to Parquet, then read back as the one comparisons table the "
         + "reward-model stages train on, so it holds the accepted pairs' text once, as Arrow/pandas columns).",
+        "",
+        figure,
         "",
         "| rows | file MB | import | seconds | rows/s | peak RSS MB | baseline MB | added MB | growth B/extra row "
         + "| accepted | quarantined | load avg |",
@@ -238,8 +244,35 @@ def main(argv: list[str] | None = None) -> None:
                 results.append(result)
                 files[size]["reasons"] = result["reasons"]
             path.unlink()
-    atomic_write_text(args.out, report(args, command, results, files))
+    write_json(args.out, {"date": f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC", "command": command,
+                          "runs": results, "files": {str(size): f for size, f in files.items()}})
+    atomic_write_text(args.out, report(args, command, results, files, plot(results, args.out)))
     print(f"wrote {args.out}")
+
+
+def plot(results: list[dict], out: str) -> str:
+    """Seconds and peak RSS against rows, one line per import, log-log; the markdown line that shows it."""
+    fig, (time_ax, memory_ax) = figure_axes(2)
+    for label in sorted({r["import"] for r in results}):
+        runs = sorted((r for r in results if r["import"] == label), key=lambda r: r["rows"])
+        rows = [r["rows"] for r in runs]
+        time_ax.plot(rows, [r["seconds"] for r in runs], marker="o", label=label)
+        memory_ax.plot(rows, [r["peak_kb"] / 1024 for r in runs], marker="o", label=label)
+    from matplotlib.ticker import FuncFormatter, NullFormatter
+
+    for ax, ylabel in ((time_ax, "seconds"), (memory_ax, "peak RSS MB")):
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xticks(sorted({r["rows"] for r in results}))
+        for axis in (ax.xaxis, ax.yaxis):  # plain numbers, not powers of ten
+            axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.0f}"))
+            axis.set_minor_formatter(NullFormatter())
+        ax.set_xlabel("rows in the file")
+        ax.set_ylabel(ylabel)
+    time_ax.set_title("Import time", fontsize=10)
+    memory_ax.set_title("Peak memory of the importing process", fontsize=10)
+    time_ax.legend(fontsize=7)
+    return save_figure(fig, out)
 
 
 if __name__ == "__main__":

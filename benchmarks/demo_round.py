@@ -1,4 +1,4 @@
-"""Time the embedded demo round end to end and per stage; write docs/demo-timing.md.
+"""Time the embedded demo round end to end and per stage; write docs/demo-timing.md (and its .json and .png).
 
     .venv/bin/python benchmarks/demo_round.py [--config configs/demo.yaml] [--out docs/demo-timing.md] [--workdir DIR]
 
@@ -12,12 +12,16 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import sys
 import tempfile
 import time
 from datetime import datetime, timezone
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+
+from result_files import bars, figure_axes, save_figure, write_json  # noqa: E402
 
 
 def _number(value: float) -> str:
@@ -31,12 +35,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", default="docs/demo-timing.md")
     parser.add_argument("--workdir", default=None, help="run the round here and keep it (default: a fresh temporary "
                         "workdir, nothing cached)")
+    parser.add_argument("--note", action="append", help="a remark on this run (the machine's load, ...); repeatable")
     args = parser.parse_args(argv)
 
     import torch
 
     from flows.round import rlhf_round
-    from rlhf_core.artifacts import ArtifactStore
+    from rlhf_core.artifacts import ArtifactStore, atomic_write_text
     from rlhf_core.config import RoundConfig, load_config
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -52,6 +57,9 @@ def main(argv: list[str] | None = None) -> None:
             for stage, a in summary["artifacts"].items()
         }
 
+    fig, (ax,) = figure_axes(1, width=7, height=4)
+    bars(ax, stage_seconds, "seconds", f"Demo round by stage (total {total:.0f} s, the API's start included)")
+    figure = save_figure(fig, args.out)
     lines = [
         "# Demo round timing",
         "",
@@ -63,6 +71,9 @@ def main(argv: list[str] | None = None) -> None:
         f"torch {torch.__version__} ({torch.get_num_threads()} threads), no GPU.",
         "",
         f"**Total wall time: {total / 60:.1f} min** ({total:.0f} s, Prefect ephemeral API start included).",
+        *(args.note or []),
+        "",
+        figure,
         "",
         "| stage | seconds |",
         "|---|---|",
@@ -75,7 +86,12 @@ def main(argv: list[str] | None = None) -> None:
         *[f"| {k} | {_number(v)} |" for k, v in summary["headline"].items() if v is not None],  # None: not in a demo
         "",
     ]
-    Path(args.out).write_text("\n".join(lines))
+    result = {"date": f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC", "config": args.config or "embedded defaults",
+              "workdir": args.workdir, "cores": os.cpu_count(), "torch": torch.__version__,
+              "torch_threads": torch.get_num_threads(), "total_seconds": total, "stage_seconds": stage_seconds,
+              "headline": summary["headline"], "notes": args.note}
+    write_json(args.out, result)
+    atomic_write_text(args.out, "\n".join(lines))
     print("\n".join(lines))
 
 

@@ -1,4 +1,5 @@
-"""Tokens/s of the batched generator against a one-prompt-at-a-time loop; writes docs/benchmark-generation.md.
+"""Tokens/s of the batched generator against a one-prompt-at-a-time loop; writes docs/benchmark-generation.md (and
+its .json and .png).
 
     .venv/bin/python benchmarks/generation_throughput.py [--policy DIR] [--prompts 256] [--out ...]
 
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 import tempfile
 import time
 from datetime import datetime, timezone
@@ -26,6 +28,10 @@ from rlhf_core.generation.generators import Generator
 from rlhf_core.generation.sampler import sample_batch
 from rlhf_core.generation.shards import gather_plan, generate_plan_shards
 from rlhf_core.sim.world import make_prompt_pool
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from result_files import bars, figure_axes, save_figure, write_json  # noqa: E402
 
 NOTES = """\
 ## How the generation stage runs
@@ -107,6 +113,18 @@ def main(argv: list[str] | None = None) -> None:
         paths += [("bare `sample_batch` loop", penalty, *bare), ("stage path (`generate_plan_shards`)", penalty, *plan)]
         print(f"penalty {penalty}: bare {bare[0]:.0f} tokens/s, stage path {plan[0]:.0f} tokens/s")
     workdir.cleanup()
+    result = {"date": f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC", "prompts": args.prompts,
+              "max_new_tokens": args.max_new_tokens, "model": source, "cores": os.cpu_count(),
+              "torch": torch.__version__, "torch_threads": torch.get_num_threads(), "repeats": args.repeats,
+              "batch_sizes": [{"batch_size": b, "tokens_per_s": t, "tokens": n} for b, t, n in rows],
+              "paths": [{"path": name, "repetition_penalty": p, "tokens_per_s": t, "tokens": n}
+                        for name, p, t, n in paths]}
+    write_json(args.out, result)
+    fig, (by_batch, by_path) = figure_axes(2)
+    bars(by_batch, {f"batch {b}": t for b, t, _ in rows}, "tokens/s", "Batched generation (KV cache)")
+    bars(by_path, {f"{name.split(' (')[0].strip('`')}, penalty {p}": t for name, p, t, _ in paths}, "tokens/s",
+         f"Stage path vs bare loop, batch 64, median of {args.repeats}")
+    figure = save_figure(fig, args.out)
     lines = [
         "# Generation throughput: batched vs one prompt at a time",
         "",
@@ -114,6 +132,8 @@ def main(argv: list[str] | None = None) -> None:
          f"{args.prompts} simulated-world prompts, up to {args.max_new_tokens} new tokens, temperature 1, KV cache."),
         (f"Model: {source}. Machine: {os.cpu_count()} cores, torch {torch.__version__} "
          f"({torch.get_num_threads()} thread(s)), no GPU."),
+        "",
+        figure,
         "",
         "| batch size | tokens/s | tokens | speed-up vs 1 |",
         "|---|---|---|---|",

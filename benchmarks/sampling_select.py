@@ -1,4 +1,5 @@
-"""Time InsTag selection at scale (both modes) on a synthetic pool; write docs/benchmark-sampling.md.
+"""Time InsTag selection at scale (both modes) on a synthetic pool; write docs/benchmark-sampling.md (and its .json
+and .png).
 
     .venv/bin/python benchmarks/sampling_select.py [--n-prompts 300000] [--n-tags 6600] [--budget 10000] [--fuzzy]
 
@@ -22,9 +23,11 @@ import argparse
 import os
 import platform
 import re
+import sys
 import time
 import zlib
 from datetime import datetime, timezone
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -32,6 +35,11 @@ import pandas as pd
 from rlhf_core.sampling.dedup import drop_near_duplicate_prompts
 from rlhf_core.sampling.instag import select_prompts
 from rlhf_core.sampling.normalize import normalize_tags
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from result_files import bars, figure_axes, save_figure, write_json  # noqa: E402
+from rlhf_core.artifacts import atomic_write_text  # noqa: E402
 
 VARIANTS = ("topic-{}", "Topic_{}", "topics {}")
 
@@ -74,8 +82,9 @@ def _timed(fn):
     return result, time.perf_counter() - start
 
 
-def fuzzy_section(pool: pd.DataFrame, args) -> list[str]:
-    """Time near-duplicate removal and the semantic merge, alone and inside a whole selection."""
+def fuzzy_section(pool: pd.DataFrame, args) -> tuple[list[str], dict[str, float]]:
+    """Time near-duplicate removal and the semantic merge, alone and inside a whole selection: the report's lines
+    and each step's seconds."""
     (kept, n_near), near_s = _timed(lambda: drop_near_duplicate_prompts(pool, args.near_duplicate_threshold))
     print(f"near-duplicates: {near_s:.1f} s, {n_near} removed")
     (_, merge_report), merge_s = _timed(lambda: normalize_tags(
@@ -87,6 +96,8 @@ def fuzzy_section(pool: pd.DataFrame, args) -> list[str]:
         drop_duplicates=True, near_duplicate_threshold=args.near_duplicate_threshold,
         semantic_merge_threshold=args.semantic_merge_threshold, tag_encoder=fake_tag_encoder))
     print(f"whole selection with both: {whole_s:.1f} s", report)
+    seconds = {"near-duplicate removal": near_s, "tags: rules only": rules_s, "tags: rules + semantic merge": merge_s,
+               "whole selection, both on": whole_s}
     return [
         "## Near-duplicate prompts and semantic tag merge (`--fuzzy`)",
         "",
@@ -107,7 +118,7 @@ def fuzzy_section(pool: pd.DataFrame, args) -> list[str]:
         + f"{report['n_duplicates_removed']:,} exact + {report['n_near_duplicates_removed']:,} near duplicates, "
         + f"{report['tags_after_frequency_filter']:,} tags kept, coverage {report['tag_coverage']:.3f} |",
         "",
-    ]
+    ], seconds
 
 
 def _fmt(value: float) -> str:
@@ -143,6 +154,17 @@ def main(argv: list[str] | None = None) -> None:
         seconds[mode] = time.perf_counter() - start
         print(f"{mode}: {seconds[mode]:.1f} s", reports[mode])
 
+    fuzzy_lines, fuzzy_seconds = fuzzy_section(pool, args) if args.fuzzy else ([], {})
+    result = {"date": f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC", "args": vars(args),
+              "load_average_at_start": load_at_start, "pool_build_seconds": build_s, "seconds": seconds,
+              "reports": reports, "fuzzy_seconds": fuzzy_seconds}
+    write_json(args.out, result)
+    fig, axes = figure_axes(2 if fuzzy_seconds else 1)
+    bars(axes[0], seconds, "seconds", f"select_prompts on {args.n_prompts:,} prompts, budget {args.budget:,}")
+    if fuzzy_seconds:
+        bars(axes[1], fuzzy_seconds, "seconds", "Near duplicates and semantic tag merge (--fuzzy)")
+    figure = save_figure(fig, args.out)
+
     keys = list(reports["complexity_first"])
     lines = [
         "# Sampling benchmark: InsTag selection at scale",
@@ -160,16 +182,16 @@ def main(argv: list[str] | None = None) -> None:
         + f"drop_duplicates on, balanced max_tag_share {args.max_tag_share}.",
         "Seconds cover the whole `select_prompts` call (deduplication, tag normalisation, passes, report).",
         "",
+        figure,
+        "",
         "| | complexity_first | balanced |",
         "|---|---|---|",
         f"| **seconds** | **{seconds['complexity_first']:.1f}** | **{seconds['balanced']:.1f}** |",
         *[f"| {k} | {_fmt(reports['complexity_first'][k])} | {_fmt(reports['balanced'][k])} |" for k in keys],
         "",
     ]
-    if args.fuzzy:
-        lines += fuzzy_section(pool, args)
-    with open(args.out, "w") as f:
-        f.write("\n".join(lines))
+    lines += fuzzy_lines
+    atomic_write_text(args.out, "\n".join(lines))
     print(f"wrote {args.out}")
 
 

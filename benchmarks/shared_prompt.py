@@ -1,5 +1,6 @@
 """reward.train.share_prompt measured (issue 12): padded tokens and epoch time per reply-group size on HH-RLHF pairs,
-and one reward model trained with and without it on a simulated round: writes docs/shared-prompt.md and its JSON.
+and one reward model trained with and without it on a simulated round: writes docs/shared-prompt.md, its JSON and
+its figure.
 
     .venv/bin/python benchmarks/shared_prompt.py [--pairs-file ../shared/data/hh-rlhf-harmless-base/pairs.jsonl.gz]
         [--pairs 256] [--group-rows 4 8 16 32] [--repeats 2] [--seed 0] [--config C] [--rounds-dir DIR]
@@ -14,7 +15,6 @@ recipe trained plain and shared, random and length-grouped batches: CPU seconds 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import sys
@@ -29,7 +29,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from result_files import bars, figure_axes, save_figure, write_json  # noqa: E402
 from reward_modelling import add_round_arguments, round_config, round_pairs, round_workdir  # noqa: E402
+from rlhf_core.artifacts import atomic_write_text  # noqa: E402
 from trl_reward import DEFAULT_PAIRS_FILE, build_backbone, hh_pairs  # noqa: E402
 
 
@@ -126,7 +128,7 @@ def write_report(result: dict, out: Path) -> None:
         "|---|---|---|---|",
     ]
     for g, row in hh["settings"].items():
-        name = "plain (chosen and rejected rows)" if g == "0" else f"prompt shared, replies in groups of {g}"
+        name = "plain (chosen and rejected rows)" if g == "0" else f"prompt shared, prompts and replies in passes of {g}"
         lines.append(f"| {name} | {row['padded_tokens']:,.0f} | " + ", ".join(f"{s:.2f}" for s in row["cpu_seconds"])
                      + f" | {row['best_cpu_seconds'] / plain['best_cpu_seconds']:.2f} |")
     lines += ["", f"## 2. The simulated world: seed {result['seed']}'s round, {sim['pairs']:,} pairs, the round's "
@@ -134,9 +136,23 @@ def write_report(result: dict, out: Path) -> None:
               "| batching | CPU seconds | held-out gold-pair accuracy |", "|---|---|---|"]
     for name, row in sim["runs"].items():
         lines.append(f"| {name} | {row['cpu_seconds']:.1f} | {row['held_out_accuracy']:.3f} |")
-    lines.append("")
-    out.write_text("\n".join(lines))
-    out.with_suffix(".json").write_text(json.dumps(result, indent=1) + "\n")
+    lines += ["", plot(result, out), ""]
+    atomic_write_text(out, "\n".join(lines))
+    write_json(out, result)
+
+
+def plot(result: dict, out: Path) -> str:
+    """HH-RLHF: padded tokens and CPU seconds per epoch by rows a pass; the world: CPU seconds per batching."""
+    hh, sim = result["hh"], result["sim"]
+    names = {g: "plain rows" if g == "0" else f"shared, {g} rows a pass" for g in hh["settings"]}
+    fig, (tokens, seconds, world) = figure_axes(3, width=4.6)
+    bars(tokens, {names[g]: row["padded_tokens"] for g, row in hh["settings"].items()}, "padded tokens per epoch",
+         "HH-RLHF: tokens the trunk runs")
+    bars(seconds, {names[g]: row["best_cpu_seconds"] for g, row in hh["settings"].items()}, "CPU seconds (best)",
+         "HH-RLHF: one epoch")
+    bars(world, {name: row["cpu_seconds"] for name, row in sim["runs"].items()}, "CPU seconds",
+         f"Simulated world, seed {result['seed']}: training")
+    return save_figure(fig, out)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -63,6 +63,14 @@ def table(text: str, header: str) -> list[list[str]]:
     return rows
 
 
+def result_and_figure(report: Path) -> dict:
+    """A benchmark's JSON result beside its markdown `report`, after checking that its figure is there too and that
+    the report shows it."""
+    figure = report.with_suffix(".png")
+    assert figure.stat().st_size > 0 and f"]({figure.name})" in report.read_text()
+    return json.loads(report.with_suffix(".json").read_text())
+
+
 def assert_fractions(values) -> None:
     values = list(values)
     assert values and all(0.0 <= v <= 1.0 for v in values), values
@@ -80,6 +88,9 @@ def test_sampling_select_times_both_modes_and_the_fuzzy_steps(out):
     assert all(0 < int(n) <= 40 for n in rows["n_duplicates_removed"])
     assert_fractions(float(v) for v in rows["tag_coverage"])
     assert len(table(text, "| step | seconds | result |")) == 4  # --fuzzy: near duplicates and the semantic merge
+    result = result_and_figure(out / "sampling_select" / "benchmark-sampling.md")
+    assert set(result["seconds"]) == {"complexity_first", "balanced"} and len(result["fuzzy_seconds"]) == 4
+    assert result["reports"]["balanced"]["n_selected"] == 100
 
 
 def test_generation_throughput_reports_every_batch_size_and_the_stage_path(out):
@@ -91,6 +102,9 @@ def test_generation_throughput_reports_every_batch_size_and_the_stage_path(out):
     assert [(r[0].split()[0], r[1]) for r in paths] == [("bare", "1.0"), ("stage", "1.0"), ("bare", "1.2"),
                                                         ("stage", "1.2")]
     assert all(float(r[2]) > 0 for r in paths)
+    result = result_and_figure(out / "generation_throughput" / "benchmark-generation.md")
+    assert [b["batch_size"] for b in result["batch_sizes"]] == [1, 16, 64] and len(result["paths"]) == 4
+    assert result["batch_sizes"][0]["tokens"] == int(batches[0][2])
 
 
 def test_annotation_import_accepts_every_good_line_in_each_import(out, tmp_path):
@@ -107,6 +121,9 @@ def test_annotation_import_accepts_every_good_line_in_each_import(out, tmp_path)
     streamed_400 = next(r for r in rows if r[0] == "400" and r[2].startswith("streamed"))
     assert streamed_400[8] != "-"  # growth from the 200-row file
     assert "- 400 rows: {" in text
+    result = result_and_figure(out / "annotation_import" / "benchmark-annotation-import.md")
+    assert sorted((r["rows"], r["accepted"]) for r in result["runs"]) == sorted(
+        (int(r[0]), int(r[9].replace(",", ""))) for r in rows)
 
 
 def test_hh_rlhf_voting_heads_and_methods(out):
@@ -171,7 +188,9 @@ def test_shared_prompt_measures_padding_time_and_accuracy(shared_round):
     # the same batches with random batching: the same model up to float rounding, so the same held-out accuracy
     assert runs["random, prompt shared"]["held_out_accuracy"] == pytest.approx(runs["random"]["held_out_accuracy"])
     rows = table((folder / "shared-prompt.md").read_text(), "| rows |")
-    assert [r[0] for r in rows] == ["plain (chosen and rejected rows)", "prompt shared, replies in groups of 4"]
+    assert [r[0] for r in rows] == ["plain (chosen and rejected rows)",
+                                    "prompt shared, prompts and replies in passes of 4"]
+    assert result_and_figure(folder / "shared-prompt.md") == result
 
 
 @pytest.mark.slow  # a fresh Python per contender run: about a minute on 2 cores
@@ -287,6 +306,9 @@ def test_demo_round_times_every_stage(shared_round):
     assert {r[0] for r in stages} == ROUND_STAGES and all(float(r[1]) >= 0 for r in stages)
     assert "(stages it held before come from its cache)" in text
     assert table(text, "| | |")  # the round's headline numbers
+    result = result_and_figure(shared_round / "demo_round" / "demo-timing.md")
+    assert set(result["stage_seconds"]) == ROUND_STAGES and result["total_seconds"] > 0
+    assert result["headline"]["pairs in total"] == 24  # configs/mini.yaml's
 
 
 @pytest.mark.slow

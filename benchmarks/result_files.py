@@ -1,0 +1,62 @@
+"""A benchmark's JSON result and figure, written beside its markdown report under the report's name (issue 12: every
+benchmark writes a JSON result and a plot). docs/benchmark-generation.md gets docs/benchmark-generation.json and
+docs/benchmark-generation.png; the report links the figure with `image_line`."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from rlhf_core.artifacts import atomic_write_text  # noqa: E402
+
+
+def write_json(report: str | Path, result: dict) -> Path:
+    """`result` as JSON beside `report` (.json), written atomically; its path."""
+    path = Path(report).with_suffix(".json")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(path, json.dumps(result, indent=2, default=float) + "\n")
+    return path
+
+
+def figure_axes(panels: int, width: float = 5.5, height: float = 3.6):
+    """A matplotlib figure of `panels` side by side (Agg: no display needed) and its axes, one per panel."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, panels, figsize=(width * panels, height), squeeze=False)
+    return fig, list(axes[0])
+
+
+def bars(ax, values: dict[str, float], xlabel: str, title: str) -> None:
+    """Horizontal bars, one per named value, top to bottom in the dict's order, each labelled with its value."""
+    names = list(values)
+    ax.barh(names, [values[n] for n in names], color="tab:blue")
+    for i, n in enumerate(names):
+        ax.annotate(f" {values[n]:,.0f}" if abs(values[n]) >= 100 else f" {values[n]:.3g}", (values[n], i),
+                    va="center", fontsize=8)
+    ax.invert_yaxis()
+    ax.margins(x=0.15)
+    ax.set_xlabel(xlabel)
+    ax.set_title(title, fontsize=10)
+
+
+def save_figure(fig, report: str | Path) -> str:
+    """Save `fig` beside `report` (.png) and close it; the markdown line that shows it from the report."""
+    import matplotlib.pyplot as plt
+
+    path = Path(report).with_suffix(".png")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return image_line(report)
+
+
+def image_line(report: str | Path) -> str:
+    """The markdown image that shows the figure beside `report` (a link relative to the report's folder)."""
+    return f"![{Path(report).stem}]({Path(report).with_suffix('.png').name})"
