@@ -34,6 +34,7 @@ import pandas as pd
 import torch
 
 from hh_rlhf_voting import load_pairs
+from result_files import dots, figure_axes, save_figure
 from rlhf_core.artifacts import atomic_write_text
 from rlhf_core.config import DenoiseConfig, RewardTrainConfig, VotingConfig
 from rlhf_core.reward.denoise import denoise
@@ -112,11 +113,20 @@ def write_report(results: list[dict], n_pairs: int, out: Path) -> None:
     ]
     lines += [f"| held-out accuracy, {name} | {_cell([r['accuracy'][name] for r in results])} |" for name in names]
     lines += [f"| seconds: fast vote / one reward model | {_cell([r['seconds']['vote'] for r in results])} / "
-              f"{_cell([r['seconds']['baseline'] for r in results])} |", ""]
+              f"{_cell([r['seconds']['baseline'] for r in results])} |", "", plot(results, out), ""]
     out.write_text("\n".join(lines))
     out.with_suffix(".json").write_text(json.dumps(
         [{k: v for k, v in r.items() if k != "mean_strength"} for r in results], indent=1))
     print("\n".join(lines))
+
+
+def plot(results: list[dict], out: Path) -> str:
+    """Held-out accuracy per method: each seed's point and the mean; the markdown line that shows it (the figure
+    beside `out`, .png)."""
+    fig, (ax,) = figure_axes(1, width=6, height=3.6)
+    dots(ax, {name: [r["accuracy"][name] for r in results] for name in ["baseline", *METHODS]},
+         "held-out accuracy (human labels)", f"HH-RLHF, trained MiniLM voters, {len(results)} seeds")
+    return save_figure(fig, out)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -191,6 +191,19 @@ def paired_by_prompt(vanilla: list[bool], other: list[bool], prompts: list[str])
     return sum(x > 0 for x in lead.values()), sum(x < 0 for x in lead.values())
 
 
+def plot(summaries: list[dict], out: Path) -> str:
+    """Held-out gold accuracy of every model on the SFT policy's pairs and on the drifted policy's: a dot per (seed,
+    model seed), the mean a bar; the markdown line that shows it (the figure beside `out`, .png)."""
+    from result_files import dots, figure_axes, save_figure
+
+    names = list(summaries[0]["models"])
+    fig, axes = figure_axes(2, width=6, height=0.35 * len(names) + 1.2)
+    for ax, pairs in zip(axes, ("sft", "drifted")):
+        dots(ax, {n: [r["models"][n][pairs]["all"] for r in summaries] for n in names}, "held-out gold accuracy",
+             f"Pairs of the {'SFT' if pairs == 'sft' else 'drifted'} policy", point="a seed and model seed")
+    return save_figure(fig, out)
+
+
 def write_report(results: list[dict], etas: list[float], out: Path, eval_samples: int, command: str,
                  shift: dict) -> None:
     from rlhf_core.artifacts import atomic_write_text
@@ -220,12 +233,12 @@ def write_report(results: list[dict], etas: list[float], out: Path, eval_samples
         lines += ["", f"## All model seeds pooled ({len(results)} trainings of each model)", "",
                   "Per-seed cells are per (seed, model seed); a prompt of two model seeds counts twice, once per "
                   "pair of models compared.", "", *_model_table(results, etas)]
-    lines.append("")
-    atomic_write_text(out, "\n".join(lines))
     # the per-pair lists stay in --work-dir (kept_model_file): the doc's JSON holds the summaries
     summaries = [{k: v for k, v in r.items() if k != "drifted_prompts"}
                  | {"models": {name: {k: v for k, v in m.items() if k != "drifted_right"}
                                for name, m in r["models"].items()}} for r in results]
+    lines += ["", plot(summaries, out), ""]
+    atomic_write_text(out, "\n".join(lines))
     atomic_write_text(out.with_suffix(".json"), json.dumps(summaries, indent=1))
     print("\n".join(lines))
 

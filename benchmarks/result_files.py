@@ -45,6 +45,19 @@ def bars(ax, values: dict[str, float], xlabel: str, title: str) -> None:
     ax.set_title(title, fontsize=10)
 
 
+def dots(ax, values: dict[str, list[float]], xlabel: str, title: str, point: str = "a seed") -> None:
+    """One row per name, top to bottom in the dict's order: each of its values a dot (`point` in the legend) and
+    their mean a bar."""
+    for i, (name, row) in enumerate(values.items()):
+        ax.scatter(row, [i] * len(row), color="tab:blue", alpha=0.6, label=point if i == 0 else None)
+        ax.scatter([sum(row) / len(row)], [i], color="k", marker="|", s=300, label="mean" if i == 0 else None)
+    ax.set_yticks(range(len(values)), list(values))
+    ax.invert_yaxis()
+    ax.set_xlabel(xlabel)
+    ax.set_title(title, fontsize=10)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))  # beside the rows, never over a dot
+
+
 def save_figure(fig, report: str | Path) -> str:
     """Save `fig` beside `report` (.png) and close it; the markdown line that shows it from the report."""
     import matplotlib.pyplot as plt

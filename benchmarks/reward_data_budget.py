@@ -194,8 +194,23 @@ def write_report(results: list[dict], out: Path, seconds: float) -> None:
                          f"{_cell([x['flip_precision_excl_gold_ties'] for x in f])} | "
                          f"{_cell([x['gold_agreement_before_excl_gold_ties'] for x in f])} | "
                          f"{_cell([x['gold_agreement_after_excl_gold_ties'] for x in f])} |")
+    lines += ["", plot(results, out)]
     atomic_write_text(out, "\n".join(lines) + "\n")
     atomic_write_text(out.with_suffix(".json"), json.dumps(results, indent=1))
+
+
+def plot(results: list[dict], out: Path) -> str:
+    """Held-out gold accuracy per (variant, labels): a dot per seed, the mean a bar; the markdown line that shows it
+    (the figure beside `out`, .png)."""
+    from result_files import dots, figure_axes, save_figure
+
+    values: dict[str, list[float]] = {}
+    for r in results:
+        for labels, report in r["reward_models"].items():
+            values.setdefault(f"{r['variant']}: {labels}", []).append(report["all"])
+    fig, (ax,) = figure_axes(1, width=8, height=0.3 * len(values) + 1.2)
+    dots(ax, values, "held-out gold accuracy", "Reward model by data variant and labels")
+    return save_figure(fig, out)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -30,6 +30,7 @@ import numpy as np
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 sys.path.insert(0, str(Path(__file__).parent))
 
+from result_files import figure_axes, save_figure  # noqa: E402
 from reward_modelling import (TYPES, _cell, add_round_arguments, gold_oriented, round_config,  # noqa: E402
                               round_pairs, round_workdir, seed_results)
 
@@ -97,9 +98,28 @@ def write_report(results: list[dict], out: Path, seconds: float) -> None:
               + "; ".join(f"seed {r['seed']}: " + ", ".join(f"{a:.3f}" for a in r["raw"]["single_all"])
                           for r in results),
               "", "Seconds per member (train + score; the machine may have been shared): "
-              + ", ".join(f"{r['raw']['seconds_per_member']:.0f}" for r in results)]
+              + ", ".join(f"{r['raw']['seconds_per_member']:.0f}" for r in results), "", plot(results, out)]
     out.write_text("\n".join(lines) + "\n")
     out.with_suffix(".json").write_text(json.dumps(results, indent=1))
+
+
+def plot(results: list[dict], out: Path) -> str:
+    """Held-out gold accuracy against the number of members averaged, raw and gold labels: mean over seeds with the
+    min..max range; the markdown line that shows it (the figure beside `out`, .png)."""
+    fig, (ax,) = figure_axes(1, width=6, height=4)
+    for labels in LABELS:
+        sizes = range(1, results[0]["members"][labels] + 1)
+        per_seed = np.array([[r[labels]["single"]["all"] if k == 1 else r[labels]["ensembles"][str(k)]["all"]
+                              for k in sizes] for r in results])  # (seeds, sizes)
+        mean = per_seed.mean(axis=0)
+        ax.errorbar(list(sizes), mean, yerr=[mean - per_seed.min(axis=0), per_seed.max(axis=0) - mean], marker="o",
+                    capsize=3, label=f"{labels} labels")
+    ax.set_xticks(range(1, max(results[0]["members"].values()) + 1))
+    ax.set_xlabel("members averaged (1 = one member, mean over members)")
+    ax.set_ylabel("held-out gold accuracy")
+    ax.set_title(f"Ensembles of final reward models, {len(results)} seeds (min..max)", fontsize=10)
+    ax.legend(fontsize=8)
+    return save_figure(fig, out)
 
 
 def main(argv: list[str] | None = None) -> None:

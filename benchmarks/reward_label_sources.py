@@ -41,6 +41,7 @@ os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 sys.path.insert(0, str(Path(__file__).parent))
 
 from reward_data_budget import noisier_labels  # noqa: E402
+from result_files import dots, figure_axes, save_figure  # noqa: E402
 from reward_modelling import (PAPER_BAND, TYPES, _cell, add_round_arguments, gold_oriented,  # noqa: E402
                               round_config, round_pairs, round_voting, round_workdir)
 
@@ -234,9 +235,20 @@ def write_report(rows: list[dict], out: Path, annotator_error_max: float | None 
             f"{one[(source, s, m)]:.3f}" if (source, s, m) in one.index else "–" for s in seeds for m in model_seeds)
             + " |")
     out.parent.mkdir(parents=True, exist_ok=True)
+    lines += ["", plot(rows, out)]
     out.write_text("\n".join(lines) + "\n")
     out.with_suffix(".json").write_text(json.dumps(rows, indent=1))
     print("\n".join(lines))
+
+
+def plot(rows: list[dict], out: Path) -> str:
+    """Held-out gold accuracy per source: each (seed, model seed)'s model a dot, their mean a bar; the markdown line
+    that shows it (the figure beside `out`, .png)."""
+    sources = list(dict.fromkeys(r["source"] for r in rows))
+    fig, (ax,) = figure_axes(1, width=7, height=0.32 * len(sources) + 1.2)
+    dots(ax, {s: [r["all"] for r in rows if r["source"] == s] for s in sources}, "held-out gold accuracy",
+         "Final reward model by label source", point="a seed and model seed")
+    return save_figure(fig, out)
 
 
 def main(argv: list[str] | None = None) -> None:

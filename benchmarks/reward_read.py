@@ -30,6 +30,7 @@ from pathlib import Path
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 sys.path.insert(0, str(Path(__file__).parent))
 
+from result_files import dots, figure_axes, save_figure  # noqa: E402
 from reward_modelling import (TYPES, _cell, add_round_arguments, gold_oriented, rm_report,  # noqa: E402
                               round_config, round_pairs, round_workdir, seed_results)
 
@@ -111,8 +112,19 @@ def write_report(results: list[dict], out: Path, seconds: float) -> None:
                  for r in results]
         lines.append(f"- {read} read, denoised by {voters}-read voters: "
                      + ", ".join(f"{g:+.1f}" for g in gains) + f" (mean {sum(gains) / len(gains):+.1f})")
+    lines += ["", plot(results, out)]
     out.write_text("\n".join(lines) + "\n")
     out.with_suffix(".json").write_text(json.dumps(results, indent=1))
+
+
+def plot(results: list[dict], out: Path) -> str:
+    """Held-out gold accuracy of each final reward model (read, labels): a dot per seed, the mean a bar; the markdown
+    line that shows it (the figure beside `out`, .png)."""
+    names = list(results[0]["rms"])
+    fig, (ax,) = figure_axes(1, width=7, height=0.32 * len(names) + 1.2)
+    dots(ax, {n: [r["rms"][n]["all"] for r in results if n in r["rms"]] for n in names}, "held-out gold accuracy",
+         f"Final reward model by read and labels, {len(results)} seeds")
+    return save_figure(fig, out)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -152,6 +152,7 @@ def test_hh_rlhf_trained_trunk_keeps_its_seed_and_reads_it_back(out):
     assert kept.stat().st_mtime_ns == stamp
     text = (folder / "hh-rlhf-trained-trunk.md").read_text()
     assert text.count("# Preference-strength voting") == 1 and "| held-out accuracy, baseline |" in text
+    assert result_and_figure(folder / "hh-rlhf-trained-trunk.md")[0]["accuracy"] == result["accuracy"]
 
 
 def test_trl_reward_project_contenders_run_without_trl(out, monkeypatch):
@@ -357,6 +358,7 @@ def test_reward_ensemble_members_and_their_means(shared_round):
     rows = table((folder / "reward-ensemble.md").read_text(), "| labels, reward |")
     assert [r[0] for r in rows] == ["raw, one member (mean over members)", "raw, mean of 2 members",
                                     "gold, one member (mean over members)", "gold, mean of 2 members"]
+    assert result_and_figure(folder / "reward-ensemble.md") == [result]
     kept_and_read_back("reward_ensemble", shared_round, [folder / "seed0.json"])
 
 
@@ -383,6 +385,7 @@ def test_reward_label_sources_every_source_and_model_seed(shared_round):
     text = (folder / "reward-label-sources.md").read_text()
     assert [r[0] for r in table(text, "| source | what |")] == list(run_all.SMOKE_LABEL_SOURCES)
     assert table(text, "| source | what |")[0][3].startswith("+0.0")  # the baseline against itself
+    assert result_and_figure(folder / "reward-label-sources.md") == rows
     assert (folder / "votes-v2-seed0.parquet").is_file()
     # the second vote: on the flipped pairs, with its own voters; the final labels differ from the first flip's
     from rlhf_core.schemas import read_table
@@ -429,6 +432,7 @@ def test_reward_read_voters_and_final_models(shared_round):
         assert_accuracies(rm)
     text = (folder / "reward-read-benchmark.md").read_text()
     assert len(table(text, "| read, labels |")) == len(reward_read.RUNS)
+    assert result_and_figure(folder / "reward-read-benchmark.md") == [result]
     kept_and_read_back("reward_read", shared_round, [folder / "seed0.json"])
     assert (folder / "reward-read-benchmark.md").read_text().count("## Voters") == 1  # replaced, not appended
 
@@ -504,6 +508,7 @@ def test_metarm_shift_pairs_every_model_with_the_vanilla_one(shared_round):
     vanilla, meta = right["vanilla"], right["MetaRM, eta 0.1"]
     b, c = metarm_shift.paired(vanilla, meta)
     assert rows[2][3] == f"{b} / {c}"
+    assert result_and_figure(folder / "metarm-shift.md") == [result]
     kept_and_read_back("metarm_shift", shared_round, sorted(folder.glob("seed0-*.json")))
 
 
@@ -586,6 +591,7 @@ def test_reward_data_budget_variants_on_the_shared_round(shared_round):
     assert len(rows) == len(demo["reward_models"]) + len(noise["reward_models"])
     assert {r[0] for r in rows} == {"demo", "flip-type noise"}
     assert [r[0] for r in table(text, "| variant | seeds | flip precision")] == ["demo", "flip-type noise"]
+    assert len(result_and_figure(folder / "reward-data-budget.md")) == 2  # (seed 0, variant) x 2
     kept_and_read_back("reward_data_budget", shared_round, [folder / "seed0-demo.json",
                                                             folder / "seed0-flip-type_noise.json"])
 
