@@ -40,6 +40,7 @@ sys.path.insert(0, str(ROOT))
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 
 from orchestration_overhead import machine, write_outputs  # noqa: E402
+from result_files import bars, figure_axes, save_figure  # noqa: E402
 from reward_modelling import add_round_arguments, round_config, round_workdir  # noqa: E402
 
 SECTION_START, SECTION_END = "<!-- voting-modes:start -->", "<!-- voting-modes:end -->"
@@ -215,24 +216,15 @@ def section(result: dict) -> str:
 
 def plot(result: dict, path: Path) -> None:
     """Left: each contender's median seconds over one reward model's, with the goal line. Right: fast's mean
-    strength against faithful's, per pair."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (cost, scatter) = plt.subplots(1, 2, figsize=(11, 4.2))
-    ratios = result.get("vs_one_reward_model") or result["median_seconds"]
-    names = list(result["contenders"])
-    cost.barh(names, [ratios[n] for n in names], color=["grey" if n == UNIT else "tab:blue" for n in names])
-    if result.get("vs_one_reward_model"):
+    strength against faithful's, per pair. Saved at `path` (.png)."""
+    fig, (cost, scatter) = figure_axes(2, width=5.5, height=4.2)
+    relative = "vs_one_reward_model" in result
+    values = result["vs_one_reward_model"] if relative else result["median_seconds"]
+    bars(cost, {n: values[n] for n in result["contenders"]},
+         "median seconds / one reward model's" if relative else "median seconds", "Cost")
+    if relative:
         cost.axvline(GOAL_COST, color="tab:red", ls="--", lw=1, label=f"goal for fast: {GOAL_COST:g}x")
-        cost.set_xlabel("median seconds / one reward model's")
         cost.legend(fontsize=8)
-    else:
-        cost.set_xlabel("median seconds")
-    cost.invert_yaxis()
-    cost.set_title("Cost")
     means = result.get("fast_vs_faithful_means")
     if means:
         import numpy as np
@@ -253,9 +245,7 @@ def plot(result: dict, path: Path) -> None:
         scatter.set_ylabel("fast (M heads, one trunk)")
     else:
         scatter.set_axis_off()
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -277,7 +267,6 @@ def main(argv: list[str] | None = None) -> dict:
     result = measure(args)
     result.update(argv=list(sys.argv[1:] if argv is None else argv), machine=machine(load_at_start), notes=args.note)
     figure = args.json.with_suffix(".png")
-    figure.parent.mkdir(parents=True, exist_ok=True)
     plot(result, figure)
     result["figure"] = os.path.relpath(figure, args.doc.parent)
     write_outputs(result, args.json, args.doc, section(result), SECTION_START, SECTION_END)
