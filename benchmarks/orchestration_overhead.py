@@ -240,6 +240,51 @@ def run_direct(config) -> dict:
         for stage, ref in result.outputs.items()}}
 
 
+class GarbageCollectionClock:
+    """Seconds this process spends in the garbage collector, and its collections per generation (gc.callbacks)."""
+
+    def __init__(self) -> None:
+        import gc
+
+        self.seconds, self.collections, self._start = 0.0, [0, 0, 0], 0.0
+        gc.callbacks.append(self._on_collection)
+
+    def _on_collection(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._start = time.perf_counter()
+        else:
+            self.seconds += time.perf_counter() - self._start
+            self.collections[info["generation"]] += 1
+
+
+def cpu_by_thread() -> dict[str, float]:
+    """This process's CPU seconds so far by thread: the main thread, each live Python thread by name (Prefect's and
+    MLflow's workers), the native threads (torch's intra-op pool and the like), threads that have ended; and the CPU
+    of its child processes (the local Prefect API; worker groups once they are reaped)."""
+    import threading
+
+    import psutil
+
+    tick = os.sysconf("SC_CLK_TCK")
+    names = {t.native_id: t.name for t in threading.enumerate()}
+    by_group: dict[str, float] = {}
+    for entry in os.scandir("/proc/self/task"):
+        try:
+            fields = Path(entry.path, "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        seconds = (int(fields[11]) + int(fields[12])) / tick  # utime, stime
+        tid = int(entry.name)
+        group = "main" if tid == os.getpid() else f"python: {names[tid]}" if tid in names else "native threads"
+        group = group.split("_")[0] if group.startswith("python: ThreadPoolExecutor") else group
+        by_group[group] = by_group.get(group, 0.0) + seconds
+    times = os.times()
+    by_group["ended threads"] = times.user + times.system - sum(by_group.values())
+    live_children = sum(sum(c.cpu_times()[:2]) for c in psutil.Process().children(recursive=True))
+    by_group["child processes"] = times.children_user + times.children_system + live_children
+    return by_group
+
+
 def run_one(contender: str, config_path: str | None, workdir: Path, result_path: Path) -> None:
     """One contender's round in this process (a fresh workdir), its result as JSON. The orchestrated one is
     prepared as `rlhf demo` prepares it (flows/cli.py `prepare_round`: Prefect's local API starts while the flows
@@ -252,7 +297,10 @@ def run_one(contender: str, config_path: str | None, workdir: Path, result_path:
         from flows.cli import prepare_round
 
         prepare_round(config)
+    gc_clock = GarbageCollectionClock()
     result = (run_orchestrated if contender == "orchestrated" else run_direct)(config)
+    result["cpu_seconds"] = cpu_by_thread()  # the orchestrated one's includes the benchmark's reading (< 0.1 s)
+    result["gc"] = {"seconds": gc_clock.seconds, "collections": gc_clock.collections}
     result_path.write_text(json.dumps(result, default=float))
 
 
@@ -347,6 +395,11 @@ def summarise(runs: dict[str, list[dict]], args: argparse.Namespace) -> dict:
         "outside_stage_bodies_percent": 100 * (outside["orchestrated"] - outside["direct"]) / direct,
         "goal_percent": GOAL_PERCENT, "flow_phases_seconds": phases,
         "stages": stages, "same_digest": same_results(runs), "headline_by_run": headline,
+        "median_gc_seconds": {c: statistics.median(r["gc"]["seconds"] for r in runs[c]) for c in CONTENDERS
+                              if all("gc" in r for r in runs[c])},
+        "median_cpu_seconds": {c: {group: statistics.median(r["cpu_seconds"].get(group, 0.0) for r in runs[c])
+                                   for group in sorted({g for r in runs[c] for g in r["cpu_seconds"]})}
+                               for c in CONTENDERS if all("cpu_seconds" in r for r in runs[c])},
         "notes": args.note or [],
     }
 
@@ -369,6 +422,20 @@ def verdict(result: dict) -> str:
             f"{result['outside_stage_bodies_percent']:+.1f} % of the direct round, the part of the overhead that does "
             f"not move with the stage bodies' own spread. The largest extra times (the Prefect task's wall time minus "
             f"the direct stage's; the flow's time outside its tasks): {where}.")
+
+
+def cpu_sentence(result: dict) -> str:
+    """Where each contender's CPU went (medians): the main thread, torch's native threads, Prefect's and MLflow's
+    Python threads, child processes (the local API), and the garbage collector's share."""
+    cpu, gc_seconds = result.get("median_cpu_seconds", {}), result.get("median_gc_seconds", {})
+    if not all(c in cpu and c in gc_seconds for c in CONTENDERS):  # runs kept from before they were recorded
+        return ""
+
+    def groups(c: str) -> str:
+        return ", ".join(f"{g} {s:.1f}" for g, s in sorted(cpu[c].items(), key=lambda kv: -kv[1]) if s >= 0.05)
+    return ("CPU seconds by thread (medians; `cpu_by_thread`): orchestrated " + groups("orchestrated") +
+            "; direct " + groups("direct") + ". In the garbage collector (`gc.callbacks`): orchestrated "
+            f"{gc_seconds['orchestrated']:.2f} s, direct {gc_seconds['direct']:.2f} s.")
 
 
 def section(result: dict) -> str:
@@ -414,6 +481,8 @@ Process seconds (a fresh process's start to its exit, less the benchmark's readi
 {result['median_seconds']['orchestrated']:.1f}); direct {', '.join(f'{x:.1f}' for x in result['seconds']['direct'])}
 (median {result['median_seconds']['direct']:.1f}). The flow's time outside its tasks (medians):
 {phases}.
+
+{cpu_sentence(result)}
 
 {f"![the process and each stage, orchestrated vs direct]({result['figure']})" if result.get("figure") else ""}
 

@@ -14,7 +14,7 @@ rlhf-runs/benchmarks/backbone-depth/ named from the overrides; then trains the d
 recipe on the raw labels, on the gold labels, and on the pairs denoised (flip_margin, margin) by
 fast-mode votes; prints held-out gold accuracy per pair type and the answer probe (of each reward model,
 and of the SFT policy's own log-likelihood: "sft probe"), and writes them as JSON beside the workdir (same
-name), its held-out pairs beside it (NAME-eval-pairs.parquet). The held-out pairs are the SFT policy's own
+name), a figure of the accuracies beside that (.png), its held-out pairs beside it (NAME-eval-pairs.parquet). The held-out pairs are the SFT policy's own
 samples, so another policy is tested on other pairs: `--score-on NAME` also scores the raw-label reward model
 on run NAME's saved held-out pairs (e.g. sft.steps1200-seed0). Seed 0 with 4 layers is quoted in
 docs/reward-modelling.md section 6 (about 6 minutes on 2 cores), the SFT lengths (--set sft.steps=1200 / 2400
@@ -64,6 +64,24 @@ def sft_probe(policy_dir, cfg) -> dict[str, float]:
 
     return policy_answer_probe(models.load_policy(policy_dir), models.load_tokenizer(policy_dir),
                                cfg.world.max_operand, tuple(cfg.world.operations))
+
+
+MODELS = ("raw labels", "gold labels", "flip_margin", "margin")  # the reward models it trains, in the figure's order
+FIGURE_PANELS = {"all": "all held-out pairs", "correctness_only": "correctness only", "style_only": "style only"}
+
+
+def plot(out: dict, path: Path) -> None:
+    """Held-out gold accuracy of each reward model, overall and on the two pair types the labels matter most for;
+    saved as `path` with .png."""
+    from result_files import bars, figure_axes, save_figure
+
+    fig, axes = figure_axes(len(FIGURE_PANELS), width=4.2, height=2.4)
+    for ax, (key, title) in zip(axes, FIGURE_PANELS.items()):
+        bars(ax, {model: out[model].get(key, float("nan")) for model in MODELS}, "held-out gold accuracy", title)
+        ax.set_xlim(0.5, 1.0)  # chance and up: the models differ by a few points
+    fig.suptitle(f"reward models on the round's pairs, {', '.join(out['overrides']) or 'default config'}, "
+                 f"seed {out['seed']}", fontsize=10)
+    save_figure(fig, path)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -125,6 +143,7 @@ def main(argv: list[str] | None = None) -> None:
         out[method] = rm_report(model, tok, eval_pairs, cfg.reward.train)
         print(method, out[method], flush=True)
     atomic_write_text(work_dir / f"{name}.json", json.dumps(out, indent=1))
+    plot(out, work_dir / f"{name}.json")
 
 
 if __name__ == "__main__":

@@ -10,9 +10,9 @@ MiniLM).
 miniature round (configs/mini.yaml, seed 0, kept in DIR/rounds, so only the first runs its stages), the
 HH-RLHF and TRL ones read a few synthetic pairs; everything is written under --out-dir (default: a new
 temporary directory), never docs/. tests/test_benchmarks_smoke.py runs the same arguments in-process.
-Each benchmark runs as its own process; a failing one is reported and the suite goes on. Every benchmark but
-reward_backbone_depth (a one-run probe whose JSON stays in its work dir) writes a JSON result and a figure beside its
-report (same name, .json and .png; `result_files.py`, or the script's own `plot`).
+Each benchmark runs as its own process; a failing one is reported and the suite goes on. Every benchmark writes a
+JSON result and a figure beside its report (same name, .json and .png; `result_files.py`, or the script's own
+`plot`); reward_backbone_depth, a one-run probe with no markdown report, writes both into its work dir.
 """
 
 from __future__ import annotations

@@ -325,6 +325,7 @@ def test_reward_backbone_depth_on_the_shared_round(shared_round):
     assert list(kept.columns) == ["prompt", "chosen", "rejected"]  # the held-out pairs it scored, for --score-on
     assert len(kept) == sum(n for key, n in result["raw labels"].items() if key.startswith("n_"))
     assert 0.0 <= result["flip report"]["gold_agreement_before_excl_gold_ties"] <= 1.0
+    assert (shared_round / "reward_backbone_depth" / "layers1-seed0.png").stat().st_size > 0  # its figure
 
 
 def test_reward_backbone_depth_names_its_run_from_the_overrides_and_refuses_a_bad_key_before_running(tmp_path):

@@ -108,3 +108,43 @@ def test_a_noisier_crowd_reuses_the_prompt_pool_and_the_sft_policy_but_other_dem
     assert noisier == first
     assert served == ["stage world", "stage sft", "stage world"]  # the third SFT ran: its demonstrations changed
     assert other_demos[0] == first[0] and other_demos[1] != first[1]
+
+
+def test_a_stage_body_runs_with_the_live_objects_frozen_and_the_garbage_collected(tmp_path):
+    """`freeze_long_lived_objects`: the tracking state made before a stage's body stays out of the collections
+    the body triggers (the young generations are empty when it starts), cyclic garbage made before is collected,
+    not frozen (nothing leaks), and what the body makes is collected as usual."""
+    import gc
+    import weakref
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    parent = Tracker(uri, "freeze").start_run("round", {})
+    ctx = RunContext(workdir=str(tmp_path), tracking_uri=uri, experiment="freeze", parent_run_id=parent,
+                     round_name="t")
+
+    class Node:
+        pass
+
+    def cycle() -> weakref.ref:
+        a, b = Node(), Node()
+        a.other, b.other = b, a
+        return weakref.ref(a)
+
+    alive = Node()  # alive across the stage: frozen
+    before = cycle()  # garbage made before the stage, only a collection can free it
+    seen = {}
+
+    def produce(out, run):
+        seen["generations"] = [len(gc.get_objects(generation=g)) for g in range(3)]
+        seen["alive_tracked"] = any(o is alive for o in gc.get_objects())
+        seen["garbage_before"] = before()
+        during = cycle()
+        gc.collect()
+        seen["garbage_during"] = during()
+        (out / "x.json").write_text("1")
+        return {}
+
+    run_stage(ctx, stage="freeze", version="1", kind="numbers", config={}, inputs={}, produce=produce)
+    assert seen["garbage_before"] is None and seen["garbage_during"] is None
+    assert not seen["alive_tracked"]  # in the permanent generation, which gc.get_objects leaves out
+    assert seen["generations"][2] < 1000, seen["generations"]  # only what the stage's own start made
