@@ -275,8 +275,9 @@ def cpu_by_thread() -> dict[str, float]:
             continue
         seconds = (int(fields[11]) + int(fields[12])) / tick  # utime, stime
         tid = int(entry.name)
-        group = "main" if tid == os.getpid() else f"python: {names[tid]}" if tid in names else "native threads"
-        group = group.split("_")[0] if group.startswith("python: ThreadPoolExecutor") else group
+        name = names.get(tid, "")
+        name = "ThreadPoolExecutor workers" if name.startswith("ThreadPoolExecutor") else name  # one group per kind
+        group = "main" if tid == os.getpid() else f"python: {name}" if name else "native threads"
         by_group[group] = by_group.get(group, 0.0) + seconds
     times = os.times()
     by_group["ended threads"] = times.user + times.system - sum(by_group.values())
