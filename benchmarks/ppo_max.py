@@ -49,7 +49,9 @@ OLD_DEMO = {"kl_coef": 1.0, "policy_lr": 1e-4, "ptx_coef": 1.0, "critic_warmup_s
 # section 8's budgets, in the order they were added: does a policy pushed harder hack the raw-label model alone?
 NOISY_RATES = (("", {}), (", policy lr 1e-4", {"policy_lr": 1e-4}), (", policy lr 3e-4", {"policy_lr": 3e-4}),
                (", policy lr 1e-4, 150 iterations", {"policy_lr": 1e-4, "iterations": LONG}),
-               (", policy lr 3e-4, 150 iterations", {"policy_lr": 3e-4, "iterations": LONG}))
+               (", policy lr 3e-4, 150 iterations", {"policy_lr": 3e-4, "iterations": LONG}),
+               # as far as lr 3e-4 for 150 iterations in steps a third the size: are its KL spikes the step size's?
+               (", policy lr 1e-4, 450 iterations", {"policy_lr": 1e-4, "iterations": 3 * LONG}))
 SWITCHES_OFF = (  # the ablations at lr 1e-4: (name, the override that turns one PPO-max switch off)
     ("- reward normalisation", {"reward_norm": False}), ("- advantage whitening", {"norm_adv": False}),
     ("- value clipping", {"clip_vloss": False}), ("- critic warm-up", {"critic_warmup_steps": 0}),
@@ -285,7 +287,8 @@ COLUMNS = (("gold, greedy, held-out", "gold_greedy"), ("Δ gold vs SFT", "gold_g
            (f"gold, rollouts, last {TAIL}", "gold_tail"), (f"RM score, last {TAIL}", "score_tail"),
            (f"Δ RM score, last vs first {TAIL}", "score_gain"),
            (f"KL, last {TAIL}", "kl_tail"), ("KL spikes", "kl_spikes"), ("perplexity max", "ppl_max"),
-           ("perplexity spikes", "ppl_spikes"), (f"length, last {TAIL}", "length_tail"))
+           ("perplexity spikes", "ppl_spikes"), (f"rollout gold below its best, last {TAIL}", "gold_drop"),
+           (f"length, last {TAIL}", "length_tail"))
 # Part II Fig. 9's "stable" as a count: an iteration whose rollout KL (to the SFT reference) is more than twice the
 # median of the SPIKE_WINDOW iterations before it (and over KL_SPIKE_FLOOR nats: early noise is not a spike), or
 # whose rollout perplexity is more than PPL_SPIKE_FACTOR x that median
@@ -299,6 +302,20 @@ def spikes(values: list[float], factor: float, floor: float = 0.0) -> int:
 
     return sum(1 for i in range(SPIKE_WINDOW, len(values))
                if values[i] > max(floor, factor * float(np.median(values[i - SPIKE_WINDOW:i]))))
+
+
+def gold_below_best(gold: list[float]) -> float:
+    """How far the last TAIL iterations' mean rollout gold is below the best mean of any TAIL iterations in a row:
+    0 for a run that ends at its best, large for one whose gold rose and then fell (the pattern of reward hacking)."""
+    import numpy as np
+
+    window = min(TAIL, len(gold))  # a run shorter than TAIL (the smoke test's) is one window: 0
+    means = np.convolve(np.asarray(gold, dtype=float), np.ones(window) / window, mode="valid")
+    return float(means.max() - means[-1])
+
+
+# the per-iteration curves the report's JSON keeps of every run (the run files in --work-dir keep them all)
+CURVES = ("objective/score", "objective/gold", "objective/kl", "objective/perplexity", "response/length")
 
 
 def _table(results: dict[str, list[dict]], names) -> list[str]:
@@ -353,6 +370,7 @@ def write_report(results: dict[str, list[dict]], sft: dict[int, dict], out: Path
             r["score_gain"] = sum(scores[-TAIL:]) / len(scores[-TAIL:]) - sum(scores[:TAIL]) / len(scores[:TAIL])
             r["kl_spikes"] = spikes([m["objective/kl"] for m in r["history"]], KL_SPIKE_FACTOR, KL_SPIKE_FLOOR)
             r["ppl_spikes"] = spikes([m["objective/perplexity"] for m in r["history"]], PPL_SPIKE_FACTOR)
+            r["gold_drop"] = gold_below_best([m["objective/gold"] for m in r["history"]])
     figure_dir.mkdir(parents=True, exist_ok=True)
     first = seeds[0]
 
@@ -466,9 +484,15 @@ def write_report(results: dict[str, list[dict]], sft: dict[int, dict], out: Path
                 "no KL, noisy-label denoised RM, policy lr 3e-4, 150 iterations"),
                "ppo-no-kl-noisy-labels-lr3e-4-150.png"),
         "",
+        figure(("no KL, noisy-label baseline RM, policy lr 1e-4, 450 iterations",
+                "no KL, noisy-label denoised RM, policy lr 1e-4, 450 iterations"),
+               "ppo-no-kl-noisy-labels-lr1e-4-450.png"),
+        "",
     ]
     out.write_text("\n".join(lines) + "\n")
-    summary = {name: [{k: v for k, v in r.items() if k != "history"} for r in rows] for name, rows in results.items()}
+    summary = {name: [{k: v for k, v in r.items() if k != "history"}
+                      | {"curves": {k: [round(m[k], 4) for m in r["history"]] for k in CURVES}} for r in rows]
+               for name, rows in results.items()}
     out.with_suffix(".json").write_text(json.dumps({"sft": sft, "runs": summary}, indent=1) + "\n")
 
 

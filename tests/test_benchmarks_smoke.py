@@ -450,11 +450,19 @@ def test_ppo_max_runs_against_the_three_reward_models(shared_round):
         assert row["gold_gain"] == pytest.approx(row["gold_greedy"] - sft_gold)
         kept = json.loads((folder / f"seed0-{name.replace(' ', '_')}.json").read_text())
         assert len(kept["history"]) == MINI_PPO_ITERATIONS  # the round's own PPO config, not the demo's
+        # the report's JSON keeps the curves (rounded) and the gold drop read from them
+        gold = [m["objective/gold"] for m in kept["history"]]
+        assert row["curves"]["objective/gold"] == [round(g, 4) for g in gold]
+        assert set(row["curves"]) == set(ppo_max.CURVES)
+        assert row["gold_drop"] == 0  # a run shorter than the window ends at its best
+    assert ppo_max.gold_below_best([0.0] * 10 + [1.0] * 10 + [0.5] * 10) == pytest.approx(0.5)  # rose, then fell
+    assert ppo_max.gold_below_best([float(i) for i in range(30)]) == 0  # ends at its best
     text = (folder / "ppo-max-benchmark.md").read_text()
     assert f"{MINI_PPO_ITERATIONS} iterations\nx 4 prompts x 2 responses" in text  # the config it ran, named
     assert [r[0] for r in table(text, "| run |")] == ["ppo-max", "vanilla"]  # section 1: the runs that ran
-    # the figures of section 6 (150 iterations), 7 (lr 1e-4), 8's weak recipe and 8's two at lr 3e-4: not asked for
-    assert text.count("(not run)") == 5
+    # the figures of section 6 (150 iterations), 7 (lr 1e-4), 8's weak recipe, 8's two at lr 3e-4 and 8's 450
+    # iterations: not asked for
+    assert text.count("(not run)") == 6
     weak_table = table(text.split("## 7.")[1], "| reward model |")
     assert [r[0] for r in weak_table] == list(ppo_max.RM_NAMES.values())
     accuracy = json.loads((folder / "seed0-rm-accuracy.json").read_text())
