@@ -2,7 +2,7 @@
 sec. 3.2): writes docs/metarm-shift.md (+ .json).
 
     .venv/bin/python benchmarks/metarm_shift.py [--seeds 0 1 2] [--etas 0.1 0.3 1] [--eval-samples 32]
-        [--model-seeds 0 1000] [--shift {default,hard}] [--config configs/mini.yaml] [--rounds-dir DIR] [--work-dir DIR]
+        [--model-seeds 0 1000] [--shift {default,hard,hacked}] [--config configs/mini.yaml] [--rounds-dir DIR] [--work-dir DIR]
 
 Section 4b of benchmarks/reward_modelling.py found MetaRM 0.4 points ahead of the vanilla model on a drifted
 policy's held-out pairs: one or two pairs of 330-420 per seed, too few to tell. This asks the same question with
@@ -29,6 +29,14 @@ to keep. With the hard shift, Part II's claim is shown where (1) vanilla loses m
 shift, (2) MetaRM at the default eta 0.1 is ahead of vanilla on every seed at both model seeds, with p < 0.05 over
 prompts pooled, and (3) MetaRM loses less than vanilla from the SFT policy's pairs to the drifted ones.
 
+--shift hacked (written 2026-11-27, before its run) is the default shift in a round whose reward recipe can be hacked:
+the end-token read alone (reward.train.read=end_token, for the voters, the reward model the PPO optimises and every
+model here). Against such a reward model the drifted policy raises its learned reward while gold falls
+(docs/ppo-max.md 5b), so its responses are the ones that reward model misjudges: the shift MetaRM is for. The
+default and hard shifts' drifted policies gained gold against the round's recipe, which they could not hack. Shown
+where (1) vanilla loses at least 3 points from the SFT policy's pairs to the drifted policy's, (2) as for hard, and
+(3) as for hard.
+
 Every finished (seed, model) is kept as JSON in --work-dir (the held-out pairs and the meta samples as parquet), so a
 killed run resumes and more etas add to the same table.
 """
@@ -53,9 +61,13 @@ from reward_modelling import (META_SAMPLES_PER_PROMPT, SHIFT_PPO, TYPES, _cell, 
                               meta_samples, round_config, round_workdir, shifted_round)
 
 CONTROL_SEED_OFFSET = 100  # the control: the vanilla recipe trained with seed + 100
-SHIFTS = {  # --shift: name -> the drifted policy's PPO settings over the round's own
-    "default": SHIFT_PPO,
-    "hard": {"policy_lr": 3e-4, "kl_coef": 0.0, "iterations": 150},  # ppo-max.md 5c's hardest push, 2.5x as long
+SHIFTS = {  # --shift: name -> {"ppo": the drifted policy's PPO settings over the round's own, "round": overrides of
+    # the round's config, its reward recipe for voting, the PPO's reward model and every model here}
+    "default": {"ppo": SHIFT_PPO},
+    "hard": {"ppo": {"policy_lr": 3e-4, "kl_coef": 0.0, "iterations": 150}},  # ppo-max.md 5c's hardest push, 2.5x
+    # the default shift in a round whose reward recipe can be hacked (the end-token read alone: ppo-max.md 5b), so
+    # the drifted policy writes what that reward model misjudges
+    "hacked": {"ppo": SHIFT_PPO, "round": ["reward.train.read=end_token"]},
 }
 
 
@@ -214,7 +226,8 @@ def write_report(results: list[dict], etas: list[float], out: Path, eval_samples
         "",
         f"Measured {datetime.now(timezone.utc):%Y-%m-%d} by `{command}`, seeds {[r['seed'] for r in first]}, "
         f"{os.cpu_count()} cores ({platform.machine()}), no GPU. The method is in the script's docstring.",
-        f"The drifted policy: the round's PPO with {shift}; KL to the SFT policy "
+        f"The drifted policy: the round's PPO with {shift['ppo']}"
+        + (f", in the round with {', '.join(shift['round'])}" if shift.get("round") else "") + "; KL to the SFT policy "
         f"{_cell([r['kl'] for r in first])}, gold score SFT {_cell([r['gold_sft'] for r in first])} → "
         f"{_cell([r['gold_drifted'] for r in first])}. Held-out gold pairs: {[r['n_drifted_pairs'] for r in first]} "
         f"of the drifted policy ({eval_samples} samples per held-out prompt), {[r['n_sft_pairs'] for r in first]} of "
@@ -277,9 +290,9 @@ def check_work_dir_shift(work: Path, shift: dict) -> None:
     work.mkdir(parents=True, exist_ok=True)
     path = work / "shift.json"
     if not path.exists():
-        if any(work.glob("seed*-drifted-pairs.parquet")) and shift != SHIFT_PPO:
+        if any(work.glob("seed*-drifted-pairs.parquet")) and shift != SHIFTS["default"]:
             raise SystemExit(f"{work} holds pairs of another shift (made before shift.json was kept, so with "
-                             f"{SHIFT_PPO}): give this shift its own --work-dir")
+                             f"{SHIFTS['default']}): give this shift its own --work-dir")
         atomic_write_text(path, json.dumps(shift))
     elif json.loads(path.read_text()) != shift:
         raise SystemExit(f"{work} holds the pairs and models of the shift {path.read_text()}, not {shift}: give "
@@ -311,8 +324,9 @@ def main(argv: list[str] | None = None) -> None:
     results = []
     for model_seed in args.model_seeds:
         for seed in args.seeds:
-            cfg = round_config(args.config, seed, round_workdir(args.rounds_dir, seed, work / f"round-seed{seed}"))
-            results.append(run_seed(cfg, work, args.etas, args.eval_samples, model_seed, shift))
+            cfg = round_config(args.config, seed, round_workdir(args.rounds_dir, seed, work / f"round-seed{seed}"),
+                               tuple(shift.get("round", ())))
+            results.append(run_seed(cfg, work, args.etas, args.eval_samples, model_seed, shift["ppo"]))
     command = "benchmarks/metarm_shift.py " + shlex.join(argv if argv is not None else sys.argv[1:])
     write_report(results, args.etas, out, args.eval_samples, command, shift)
 

@@ -551,6 +551,9 @@ def test_a_metarm_work_dir_keeps_one_shift(tmp_path):
         check_work_dir_shift(tmp_path / "old", SHIFTS["hard"])
     check_work_dir_shift(tmp_path / "old", SHIFTS["default"])
     assert json.loads((tmp_path / "old" / "shift.json").read_text()) == SHIFTS["default"]
+    # a shift that changes the round's reward recipe is another shift, though its PPO is the default's
+    with pytest.raises(SystemExit, match="its own --work-dir"):
+        check_work_dir_shift(tmp_path / "old", SHIFTS["hacked"])
 
 
 def test_reward_data_budget_relabels_like_the_worlds_annotators():
