@@ -30,8 +30,8 @@ shift, (2) MetaRM at the default eta 0.1 is ahead of vanilla on every seed at bo
 prompts pooled, and (3) MetaRM loses less than vanilla from the SFT policy's pairs to the drifted ones.
 
 --shift hacked (written 2026-11-27, before its run) is the default shift in a round whose reward recipe can be hacked:
-the end-token read alone (reward.train.read=end_token, for the voters, the reward model the PPO optimises and every
-model here). Against such a reward model the drifted policy raises its learned reward while gold falls
+the end-token read alone (reward.train.read=end_token: the reward model the PPO optimises and every model here; the
+voters keep their own recipe, voting.train, so the denoised pairs are the round's). Against such a reward model the drifted policy raises its learned reward while gold falls
 (docs/ppo-max.md 5b), so its responses are the ones that reward model misjudges: the shift MetaRM is for. The
 default and hard shifts' drifted policies gained gold against the round's recipe, which they could not hack. Shown
 where (1) vanilla loses at least 3 points from the SFT policy's pairs to the drifted policy's, (2) as for hard, and
@@ -62,7 +62,7 @@ from reward_modelling import (META_SAMPLES_PER_PROMPT, SHIFT_PPO, TYPES, _cell, 
 
 CONTROL_SEED_OFFSET = 100  # the control: the vanilla recipe trained with seed + 100
 SHIFTS = {  # --shift: name -> {"ppo": the drifted policy's PPO settings over the round's own, "round": overrides of
-    # the round's config, its reward recipe for voting, the PPO's reward model and every model here}
+    # the round's config: its reward recipe for the PPO's reward model and every model here}
     "default": {"ppo": SHIFT_PPO},
     "hard": {"ppo": {"policy_lr": 3e-4, "kl_coef": 0.0, "iterations": 150}},  # ppo-max.md 5c's hardest push, 2.5x
     # the default shift in a round whose reward recipe can be hacked (the end-token read alone: ppo-max.md 5b), so
