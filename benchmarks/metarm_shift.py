@@ -2,7 +2,8 @@
 sec. 3.2): writes docs/metarm-shift.md (+ .json).
 
     .venv/bin/python benchmarks/metarm_shift.py [--seeds 0 1 2] [--etas 0.1 0.3 1] [--eval-samples 32]
-        [--model-seeds 0 1000] [--shift {default,hard,hacked}] [--config configs/mini.yaml] [--rounds-dir DIR] [--work-dir DIR]
+        [--model-seeds 0 1000] [--shift {default,hard,hacked}] [--config configs/mini.yaml] [--rounds-dir DIR]
+        [--work-dir DIR]
 
 Section 4b of benchmarks/reward_modelling.py found MetaRM 0.4 points ahead of the vanilla model on a drifted
 policy's held-out pairs: one or two pairs of 330-420 per seed, too few to tell. This asks the same question with
@@ -31,11 +32,11 @@ prompts pooled, and (3) MetaRM loses less than vanilla from the SFT policy's pai
 
 --shift hacked (written 2026-11-27, before its run) is the default shift in a round whose reward recipe can be hacked:
 the end-token read alone (reward.train.read=end_token: the reward model the PPO optimises and every model here; the
-voters keep their own recipe, voting.train, so the denoised pairs are the round's). Against such a reward model the drifted policy raises its learned reward while gold falls
-(docs/ppo-max.md 5b), so its responses are the ones that reward model misjudges: the shift MetaRM is for. The
-default and hard shifts' drifted policies gained gold against the round's recipe, which they could not hack. Shown
-where (1) vanilla loses at least 3 points from the SFT policy's pairs to the drifted policy's, (2) as for hard, and
-(3) as for hard.
+voters keep their own recipe, voting.train, so the denoised pairs are the round's). Against such a reward model the
+drifted policy raises its learned reward while gold falls (docs/ppo-max.md 5b), so its responses are the ones that
+reward model misjudges: the shift MetaRM is for. The default and hard shifts' drifted policies gained gold against the
+round's recipe, which they could not hack. Shown where (1) vanilla loses at least 3 points from the SFT policy's pairs
+to the drifted policy's, (2) as for hard, and (3) as for hard. Measured: not shown (docs/reward-modelling.md 11c).
 
 Every finished (seed, model) is kept as JSON in --work-dir (the held-out pairs and the meta samples as parquet), so a
 killed run resumes and more etas add to the same table.
