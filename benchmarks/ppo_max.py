@@ -23,7 +23,8 @@ demo settings at a longer budget, both presets against the weak reward model (Pa
 Fig. 9 again with noisier annotators (the round's recipe on labels that denoising has more to fix).
 Each finished (seed, run) is kept as JSON in --work-dir (named by the run, so delete the folder after
 changing the round's PPO config), and a killed benchmark resumes with the next run. About 30 s per run
-of 60 iterations on 2 cores (80 s at 150), 48 runs per seed: about 35 min per seed. --config and
+of 60 iterations on 2 cores (80 s at 150, 200 s at 450), 58 runs per seed: about 37 min of PPO per seed (two
+processes of 1 thread side by side, one per seed, take about as long each). --config and
 --rounds-dir pick the round (the smoke test: configs/mini.yaml's, shared with the other benchmarks).
 """
 
