@@ -494,7 +494,15 @@ def write_report(results: dict[str, list[dict]], sft: dict[int, dict], out: Path
     summary = {name: [{k: v for k, v in r.items() if k != "history"}
                       | {"curves": {k: [round(m[k], 4) for m in r["history"]] for k in CURVES}} for r in rows]
                for name, rows in results.items()}
-    out.with_suffix(".json").write_text(json.dumps({"sft": sft, "runs": summary}, indent=1) + "\n")
+    out.with_suffix(".json").write_text(report_json(sft, summary))
+
+
+def report_json(sft: dict, summary: dict[str, list[dict]]) -> str:
+    """The report's JSON, one line per (run, seed): with its curves a run is a few thousand numbers, which one per
+    line (indent) would make twice the size."""
+    runs = ",\n".join(f" {json.dumps(name)}: [\n" + ",\n".join(f"  {json.dumps(r)}" for r in rows) + "]"
+                       for name, rows in summary.items())
+    return f'{{"sft": {json.dumps(sft)},\n "runs": {{\n{runs}}}}}\n'
 
 
 def main(argv: list[str] | None = None) -> None:
