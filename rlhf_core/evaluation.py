@@ -6,6 +6,7 @@ cares about: reward-model score, KL to the baseline, response length, and gold w
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 
 import numpy as np
@@ -25,12 +26,16 @@ ScoreFn = Callable[[list[str], list[str]], torch.Tensor]
 
 @torch.no_grad()
 def kl_to_baseline(candidate, baseline, tokenizer, prompts: list[str], max_new_tokens: int, seed: int) -> float:
-    """Monte-Carlo KL(candidate || baseline): mean over sampled responses of sum_t log pi_c - log pi_b."""
+    """Monte-Carlo KL(candidate || baseline): mean over sampled responses of sum_t log pi_c - log pi_b.
+    The two policies may sit on different devices (a policy trained on the GPU, its reference loaded on the CPU)."""
     queries = [format_query(tokenizer, p) for p in prompts]
     sample = sample_batch(candidate, tokenizer, queries, max_new_tokens, temperature=1.0, generator_seed=seed)
     logp_c = logprobs_from_logits(response_logits(candidate, sample, 1.0), sample.response_ids)
-    logp_b = logprobs_from_logits(response_logits(baseline, sample, 1.0), sample.response_ids)
-    return float(((logp_c - logp_b) * sample.response_mask).sum(1).mean())
+    device = next(baseline.parameters()).device
+    on_baseline = dataclasses.replace(sample, **{name: getattr(sample, name).to(device) for name in
+                                                 ("query_ids", "query_mask", "response_ids", "response_mask")})
+    logp_b = logprobs_from_logits(response_logits(baseline, on_baseline, 1.0), on_baseline.response_ids)
+    return float(((logp_c - logp_b.to(logp_c.device)) * sample.response_mask).sum(1).mean())
 
 
 def compare_policies(candidate, baseline, tokenizer, prompts: pd.DataFrame, judge: Judge, cfg: EvalConfig, seed: int,

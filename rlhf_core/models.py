@@ -210,6 +210,12 @@ def check_reload(model: torch.nn.Module, saved_dir: str | Path, prompt: str = "W
         raise ValueError(f"{saved_dir} reloads with different logits (max |diff| {(expected - got).abs().max():.3g})")
 
 
+def default_device() -> torch.device:
+    """Where a model trains or scores when its caller names no device: the GPU when one is present
+    (`CUDA_VISIBLE_DEVICES=` hides it, e.g. to reproduce CPU numbers on a GPU node)."""
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
 def set_threads() -> None:
     """Use the cores we have; torch's default can oversubscribe a 2-core machine under Prefect threads."""
     n = int(os.environ.get("RLHF_TORCH_THREADS", "0")) or max(1, os.cpu_count() or 1)

@@ -158,12 +158,14 @@ def evaluate(ctx: RunContext, cfg: EvalConfig, candidate: ArtifactRef, baseline:
     def produce(out: Path, run: StageRun) -> dict[str, float]:
         judged = read_table("prompts", world.file("eval_prompts.parquet")) if simulated else prompts
         tokenizer = models.load_tokenizer(candidate.path)
+        device = models.default_device()  # both policies sample there (the GPU when one is present)
         judge = make_judge(cfg, ctx.workdir)
         llm = cfg.judge != "oracle"
         concurrency = cfg.http.concurrency if llm else 1
         try:
             judgements, metrics = compare_policies(
-                models.load_policy(candidate.path), models.load_policy(baseline.path), tokenizer, judged, judge,
+                models.load_policy(candidate.path).to(device), models.load_policy(baseline.path).to(device),
+                tokenizer, judged, judge,
                 cfg, seed=seed, score_fn=reward_scorer(reward_model.path, reward_train.max_length),
                 gold_fn=gold_score if simulated else None, names=("policy", baseline_name),
                 concurrency=concurrency,

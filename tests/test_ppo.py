@@ -608,3 +608,22 @@ def test_ppo_curves_overlay_runs_and_skip_keys_nobody_logged():
     titles = [ax.get_title() for ax in fig.axes if ax.axison]
     assert titles == ["objective/score", "objective/kl"]
     assert len(fig.axes[0].lines) == 2
+
+
+def test_kl_to_baseline_is_zero_against_itself_and_the_mean_log_ratio_otherwise(tiny):
+    """The evaluation's Monte-Carlo KL: 0 for a policy against itself; against another policy, the mean over
+    the sampled responses of the summed log-ratio, the responses drawn from the candidate with the seed."""
+    from rlhf_core.evaluation import kl_to_baseline
+    from rlhf_core.ops import logprobs_from_logits
+
+    model, tok = tiny
+    other = models.build_policy(TINY, tok, seed=1).eval()
+    prompts = ["What is 1+2?", "What is 3-1?", "What is 4+4?"]
+    assert kl_to_baseline(model, model, tok, prompts, max_new_tokens=6, seed=5) == 0.0
+    sample = sample_batch(model, tok, [models.format_query(tok, p) for p in prompts], 6, temperature=1.0,
+                          generator_seed=5)
+    with torch.no_grad():
+        ratio = (logprobs_from_logits(response_logits(model, sample, 1.0), sample.response_ids)
+                 - logprobs_from_logits(response_logits(other, sample, 1.0), sample.response_ids))
+    expected = float((ratio * sample.response_mask).sum(1).mean())
+    assert kl_to_baseline(model, other, tok, prompts, max_new_tokens=6, seed=5) == pytest.approx(expected, abs=1e-6)

@@ -280,3 +280,27 @@ def test_killed_ppo_stage_resumes_from_its_checkpoint(two_rounds, monkeypatch):
     assert sorted(m.step for m in gold) == [0, 1, 2, 3] and all(math.isfinite(m.value) for m in gold)
     assert ppo.data.metrics["ppo/gold_last"] == pytest.approx(next(m.value for m in gold if m.step == 3))
     assert not any((Path(cfg.workdir) / "scratch").iterdir())  # committed: the checkpoint is gone
+
+
+def test_gpu_check_reproduces_the_round_on_this_machine(two_rounds, tmp_path):
+    """infra/gpu_check.py, the check of the training stages on a GPU, run here on the mini round: the reward
+    worker trains the round's own model (to the bit, and as the in-process training does), its voters give
+    the round's votes, and PPO runs through its worker. On a GPU the same numbers are compared, not equal."""
+    import json
+    import subprocess
+    import sys
+
+    root = Path(__file__).parents[1]
+    check = [sys.executable, str(root / "infra" / "gpu_check.py")]
+    subprocess.run([*check, "prepare", "--round", two_rounds[0].workdir, "--config", str(CONFIG),
+                    "--out", str(tmp_path / "inputs")], check=True)
+    subprocess.run([*check, "run", "--inputs", str(tmp_path / "inputs"), "--out", str(tmp_path / "check.json"),
+                    "--voters", "2", "--ppo-iterations", "2"], check=True)
+    result = json.loads((tmp_path / "check.json").read_text())
+    assert result["device_type"] == "cpu"
+    worker, in_process = result["reward_worker"], result["reward_in_process"]
+    assert worker["gold_heldout"]["all"] == worker["round_gold_heldout"]
+    assert in_process["max_abs_weight_diff_vs_worker"] == 0.0 and in_process["gold_heldout"] == worker["gold_heldout"]
+    assert result["vote_worker"]["sign_agreement_vs_round"] == 1.0
+    assert result["vote_worker"]["spearman_mean_vs_round"] == pytest.approx(1.0)
+    assert result["ppo_worker"]["iterations"] == 2

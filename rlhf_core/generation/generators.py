@@ -33,6 +33,7 @@ from rlhf_core.generation.plan import (
     check_prompts,
     context_length,
 )
+from rlhf_core.models import default_device
 
 POLICY = "policy"  # GeneratorSpec.model value meaning "this round's policy artifact"
 WEIGHT_PATTERNS = ("*.safetensors", "pytorch_model*.bin")
@@ -148,9 +149,9 @@ def load_tokenizer(path: str | Path):
 
 
 def load_model(path: str | Path, device: str | torch.device | None = None) -> torch.nn.Module:
-    """The causal LM in eval mode on `device` (default: cuda if present): float32 on CPU, the checkpoint's
+    """The causal LM in eval mode on `device` (default: `default_device`): float32 on CPU, the checkpoint's
     own dtype on a GPU."""
-    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    device = torch.device(device or default_device())
     dtype = torch.float32 if device.type == "cpu" else "auto"
     model = AutoModelForCausalLM.from_pretrained(str(path), local_files_only=True, dtype=dtype)
     return model.to(device).eval()

@@ -31,7 +31,9 @@ class Ranks:
         """Each metric summed over the ranks (one collective): the ranks' weighted parts make the global value."""
         if self.world_size == 1:
             return parts
-        totals = torch.tensor(list(parts.values()), dtype=torch.float64)
+        # NCCL reduces GPU tensors only: this rank's own GPU (the launcher sets it current)
+        device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else "cpu"
+        totals = torch.tensor(list(parts.values()), dtype=torch.float64, device=device)
         dist.all_reduce(totals)
         return dict(zip(parts, totals.tolist()))
 

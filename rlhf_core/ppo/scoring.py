@@ -11,9 +11,11 @@ from rlhf_core.reward.model import RewardModel, score_texts
 from rlhf_core.sim.world import gold_score
 
 
-def reward_scorer(reward_dir: str | Path, max_length: int, device: torch.device | str = "cpu"):
-    """(prompts, responses) -> scores (B,) on the CPU, from a saved reward model run on `device`."""
-    model, tokenizer = RewardModel.load(reward_dir).to(device), models.load_tokenizer(reward_dir)
+def reward_scorer(reward_dir: str | Path, max_length: int, device: torch.device | str | None = None):
+    """(prompts, responses) -> scores (B,) on the CPU, from a saved reward model run on `device` (None:
+    `models.default_device()`)."""
+    model = RewardModel.load(reward_dir).to(device or models.default_device())
+    tokenizer = models.load_tokenizer(reward_dir)
     return lambda prompts, responses: score_texts(model, tokenizer, prompts, responses, max_length=max_length)
 
 

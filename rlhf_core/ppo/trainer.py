@@ -32,7 +32,7 @@ from transformers import AutoModel
 
 from rlhf_core.artifacts import atomic_write
 from rlhf_core.config import RESOLVED, PPOConfig
-from rlhf_core.models import format_query, load_policy, load_reward_model, load_tokenizer
+from rlhf_core.models import default_device, format_query, load_policy, load_reward_model, load_tokenizer
 from rlhf_core.ops import entropy_from_logits, logprobs_from_logits, masked_mean, masked_whiten
 from rlhf_core.generation.sampler import sample_batch
 from rlhf_core.ppo.data_parallel import Ranks, pad_cat
@@ -352,16 +352,17 @@ def train_ppo(
     and steps on its rows of each minibatch with gradients summed over ranks (see the module's docstring);
     only rank 0 writes checkpoints. Each prompt's responses are drawn with a seed of its index in the
     rollout (`sample_seeds`), so N ranks sample what one process samples. `device`: where the models and
-    tensors live (a worker rank's GPU); None = where the models load (CPU). The reward and gold functions
-    take this rank's rows and may return their scores on any device. `deepspeed`: a DeepSpeed JSON config
-    (ZeRO stage 1, 2 or 3; the ppo worker's, when launched with one): the policy and the critic then train
-    through DeepSpeed engines (`DeepSpeedLearner`), the same steps; the reference stays a plain module.
+    tensors live (a worker rank's GPU); None = `default_device()` (the GPU when one is present). The reward
+    and gold functions take this rank's rows and may return their scores on any device. `deepspeed`: a
+    DeepSpeed JSON config (ZeRO stage 1, 2 or 3; the ppo worker's, when launched with one): the policy and the
+    critic then train through DeepSpeed engines (`DeepSpeedLearner`), the same steps; the reference stays a
+    plain module.
     """
     if cfg.ptx_coef > 0 and not ptx_examples:
         raise ValueError("ppo.ptx_coef > 0 needs ptx_examples (the SFT data); pass them or set ptx_coef: 0")
     torch.manual_seed(seed)
     ranks = Ranks(rank, world_size)
-    device = device or torch.device("cpu")
+    device = device or default_device()
     tokenizer = load_tokenizer(policy_dir)
     total_steps = cfg.iterations * cfg.steps_per_iteration
     learner = Learner.build

@@ -42,7 +42,8 @@ def preference_loss(
     """
     gap = r_chosen - r_rejected  # (B,)
     d = gap if margin is None else gap - margin  # (B,)
-    p = torch.ones_like(d) if soft_label is None else torch.as_tensor(soft_label, dtype=d.dtype).expand_as(d)
+    p = (torch.ones_like(d) if soft_label is None
+         else torch.as_tensor(soft_label, dtype=d.dtype, device=d.device).expand_as(d))
     loss = bradley_terry_terms(d, p).mean()
     with torch.no_grad():
         metrics = {

@@ -398,7 +398,8 @@ def train_reward_model(
     ZeRO-3 the weights the model reads outside their module's call are registered with it (see
     `RewardModel.weights_read_outside_their_module`), and the model returned on every rank is built again whole
     with the trained weights gathered into it (`gathered_copy`).
-    `device`: where the model and batches live (a worker rank's GPU); None = where the model loads (CPU).
+    `device`: where the model and batches live (a worker rank's GPU); None = `models.default_device()` (the
+    GPU when one is present). The model is returned there.
 
     Returns (model in eval mode, tokenizer, metrics): loss and accuracy are means over the last
     epoch's batches (as trained, not re-scored); contrastive_loss / meta_difference when on;
@@ -412,9 +413,8 @@ def train_reward_model(
     if len(pairs) == 0:
         raise ValueError("no pairs to train on")
     t0 = time.perf_counter()
-    model = RewardModel.from_policy(init_dir, seed, cfg.read)  # seeds torch, then draws the head
-    if device is not None:
-        model.to(device)
+    device = device or models.default_device()
+    model = RewardModel.from_policy(init_dir, seed, cfg.read).to(device)  # seeds torch, then draws the head
     tokenizer = models.load_tokenizer(init_dir)
     if cfg.contrastive.coef:
         dropout_modules = [m for m in model.modules() if isinstance(m, torch.nn.Dropout) and m.p > 0]
@@ -458,7 +458,8 @@ def train_reward_model(
         for global_rows in epoch_batches(len(pairs), cfg, order_rng, encoded.batching_lengths(cfg.share_prompt)):
             shard = rank_shard(global_rows, rank, world_size)
             optimizer.zero_grad(set_to_none=True)
-            meta = None if groups is None else meta_batch(tokenizer, groups, cfg, meta_rng)
+            meta = None if groups is None else {k: v.to(device) for k, v in
+                                                meta_batch(tokenizer, groups, cfg, meta_rng).items()}
             if deepspeed is not None:
                 loss, metrics = deepspeed_step(deepspeed, model, encoded, pairs, shard, len(global_rows), cfg)
             else:

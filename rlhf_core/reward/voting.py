@@ -120,12 +120,14 @@ def voter_path(voter_dir: str | Path, k: int) -> Path:
 
 
 def run_voters(init_dir: str | Path, pairs: pd.DataFrame, cfg: VotingConfig, seed: int, voter_dir: str | Path,
-               rank: int = 0, world_size: int = 1, progress: bool = False) -> list[int]:
+               rank: int = 0, world_size: int = 1, progress: bool = False, device: torch.device | None = None
+               ) -> list[int]:
     """Train and score the faithful voters of this rank (k = rank, rank + world_size, ...) into `voter_dir`.
 
     Voter k's differences and last-epoch training accuracy go to voter-KKK.npy / .json, written
     atomically; a voter whose file exists is skipped, so a killed vote resumes where it stopped,
-    and any number of ranks give the same files. Returns the voters trained here.
+    and any number of ranks give the same files. Each voter trains on `device` (a worker rank's GPU; None:
+    `models.default_device()`). Returns the voters trained here.
     """
     if cfg.mode != "faithful":
         raise ValueError("run_voters trains faithful voters; fast mode is shared_trunk_diffs")
@@ -138,7 +140,8 @@ def run_voters(init_dir: str | Path, pairs: pd.DataFrame, cfg: VotingConfig, see
     for k in tqdm(mine, desc="vote" if world_size == 1 else f"vote rank {rank}", unit="model", disable=not progress):
         held_out = fold == (k % cfg.folds) if out_of_fold else np.ones(len(pairs), dtype=bool)  # (N,) scored by k
         train_pairs = pairs[~held_out] if out_of_fold else pairs
-        model, tokenizer, metrics = train_reward_model(init_dir, train_pairs, cfg.train, model_seed(seed, k))
+        model, tokenizer, metrics = train_reward_model(init_dir, train_pairs, cfg.train, model_seed(seed, k),
+                                                       device=device)
         column = np.full(len(pairs), np.nan)  # (N,)
         column[held_out] = pair_reward_diffs(model, tokenizer, pairs[held_out], cfg.train.max_length)
         path = voter_path(voter_dir, k)
@@ -169,6 +172,7 @@ def vote(
     seed: int,
     progress: bool = False,
     voter_dir: str | Path | None = None,
+    device: torch.device | None = None,
 ) -> tuple[pd.DataFrame, dict[str, float]]:
     """Train cfg.n_models reward models and measure every pair's preference strength.
 
@@ -176,7 +180,8 @@ def vote(
     trained with cfg.train and seed `model_seed(seed, k)` (out_of_fold: on the pairs outside fold
     k mod folds), scores the pairs it did not train on (in_sample: every pair), and is dropped, so
     one model is in memory at a time. `voter_dir` keeps each finished voter (see `run_voters`):
-    pass the same directory to resume, or the directory that worker ranks filled to only collect.
+    pass the same directory to resume, or the directory that worker ranks filled to only collect. The
+    models train on `device` (None: `models.default_device()`, the GPU when one is present).
 
     Returns the votes table (pair_id, mean, std, diffs: list of M floats, NaN where a voter did
     not vote; z = mean / scale; n_votes; bucket) in the order of `pairs`, and metrics:
@@ -189,11 +194,11 @@ def vote(
     if cfg.mode == "fast":
         if cfg.scheme != "in_sample":
             raise ValueError("voting.mode fast shares one trunk trained on every pair: use voting.scheme in_sample")
-        diffs, train_acc = shared_trunk_diffs(init_dir, pairs, cfg, seed, progress)
+        diffs, train_acc = shared_trunk_diffs(init_dir, pairs, cfg, seed, progress, device)
     else:
         with tempfile.TemporaryDirectory() as tmp:
             directory = Path(voter_dir) if voter_dir is not None else Path(tmp)
-            run_voters(init_dir, pairs, cfg, seed, directory, progress=progress)
+            run_voters(init_dir, pairs, cfg, seed, directory, progress=progress, device=device)
             diffs, train_acc = collect_voters(directory, len(pairs), cfg.n_models)
     return votes_table(pairs, diffs, cfg), _vote_metrics(diffs, cfg, train_acc, time.perf_counter() - t0)
 
@@ -275,18 +280,21 @@ class SharedTrunkVoters(nn.Module):
         return rewards + (per_token * token_logp[..., None]).sum(dim=1)
 
 
-def shared_trunk_diffs(init_dir, pairs: pd.DataFrame, cfg: VotingConfig, seed: int, progress: bool = False
-                       ) -> tuple[np.ndarray, list[float]]:
+def shared_trunk_diffs(init_dir, pairs: pd.DataFrame, cfg: VotingConfig, seed: int, progress: bool = False,
+                       device: torch.device | None = None) -> tuple[np.ndarray, list[float]]:
     """Fast mode: train SharedTrunkVoters on `pairs` (each head with its own Poisson(1) pair weights); returns
     (N, M) diffs and each head's last-epoch training accuracy.
 
     The pairs are tokenised once; cfg.train's batching, share_prompt, margin / soft_label columns and label
-    smoothing apply as in `train_reward_model` (its lm_coef and contrastive loss are refused by VotingConfig)."""
+    smoothing apply as in `train_reward_model` (its lm_coef and contrastive loss are refused by VotingConfig).
+    Trains on `device` (None: `models.default_device()`)."""
     tcfg = cfg.train
-    voters = SharedTrunkVoters(RewardModel.from_policy(init_dir, seed, tcfg.read), cfg.n_models)
+    device = device or models.default_device()
+    voters = SharedTrunkVoters(RewardModel.from_policy(init_dir, seed, tcfg.read), cfg.n_models).to(device)
     tokenizer = models.load_tokenizer(init_dir)
     rng = np.random.default_rng(seed)
-    weights = torch.tensor(rng.poisson(1.0, size=(len(pairs), cfg.n_models)), dtype=torch.float32)  # (N, M)
+    weights = torch.tensor(rng.poisson(1.0, size=(len(pairs), cfg.n_models)), dtype=torch.float32,
+                           device=device)  # (N, M)
     head_params = list(voters.heads.parameters()) + ([voters.logprob_weights] if voters.logprob_weights.requires_grad
                                                      else [])
     if voters.token_weights is not None:
@@ -306,12 +314,12 @@ def shared_trunk_diffs(init_dir, pairs: pd.DataFrame, cfg: VotingConfig, seed: i
         for rows in epoch_batches(len(pairs), tcfg, rng, lengths):  # tcfg.batching, as a faithful voter's
             batch_pairs = pairs.iloc[rows]
             B = len(rows)
-            rewards = voters(training_batch(encoded, rows, tcfg))  # (2B, M)
+            rewards = voters(training_batch(encoded, rows, tcfg, device))  # (2B, M)
             gap = rewards[:B] - rewards[B:]  # (B, M)
-            margin = _optional_column(batch_pairs, "margin")
-            soft = _optional_column(batch_pairs, "soft_label")
+            margin = _optional_column(batch_pairs, "margin", device)
+            soft = _optional_column(batch_pairs, "soft_label", device)
             d = gap - (margin[:, None] if margin is not None else 0.0)
-            p = soft if soft is not None else torch.ones(B)  # (B,)
+            p = soft if soft is not None else torch.ones(B, device=device)  # (B,)
             if tcfg.label_smoothing:
                 p = smooth_labels(p, tcfg.label_smoothing)
             per_pair = bradley_terry_terms(d, p[:, None].expand_as(d))  # (B, M) Bradley-Terry per head
@@ -322,7 +330,7 @@ def shared_trunk_diffs(init_dir, pairs: pd.DataFrame, cfg: VotingConfig, seed: i
             torch.nn.utils.clip_grad_norm_(voters.parameters(), tcfg.max_grad_norm)
             optimizer.step()
             scheduler.step()
-            correct += (gap.detach() > 0).float().sum(0).numpy()
+            correct += (gap.detach() > 0).float().sum(0).cpu().numpy()
             bar.update(1)
     bar.close()
     voters.eval()
@@ -330,6 +338,6 @@ def shared_trunk_diffs(init_dir, pairs: pd.DataFrame, cfg: VotingConfig, seed: i
     with torch.no_grad():
         for start in range(0, len(pairs), 64):
             rows = np.arange(start, min(start + 64, len(pairs)))
-            rewards = voters(training_batch(encoded, rows, tcfg))
-            diffs.append((rewards[: len(rows)] - rewards[len(rows):]).double().numpy())
+            rewards = voters(training_batch(encoded, rows, tcfg, device))
+            diffs.append((rewards[: len(rows)] - rewards[len(rows):]).double().cpu().numpy())
     return np.concatenate(diffs), (correct / len(pairs)).tolist()

@@ -39,7 +39,7 @@ def main(argv: list[str] | None = None) -> None:
     cfg = VotingConfig.model_validate_json(Path(args.config).read_text())
     pairs = pd.read_parquet(args.pairs)
     trained = run_voters(args.init_dir, pairs, cfg, args.seed, args.voter_dir, rank=rank, world_size=world_size,
-                         progress=args.progress and accelerator.is_main_process)
+                         progress=args.progress and accelerator.is_main_process, device=accelerator.device)
     print(f"rank {rank}/{world_size} trained voters {trained}", flush=True)
     finish_ranks(accelerator, args.voter_dir)
 
