@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import shutil
 import subprocess
 import sys
@@ -128,13 +127,6 @@ def _gold(model, tokenizer, eval_pairs: pd.DataFrame, max_length: int) -> dict[s
     return {k: round(float(v), 4) for k, v in by_type.items() if not k.startswith("n_")}
 
 
-def _cpu_name() -> str:
-    cpuinfo = Path("/proc/cpuinfo")
-    names = [line.split(":", 1)[1].strip() for line in (cpuinfo.read_text().splitlines() if cpuinfo.exists() else [])
-             if line.startswith("model name")]
-    return f"{names[0]} x {len(names)}" if names else platform.machine()
-
-
 def _spearman(a: np.ndarray, b: np.ndarray) -> float:
     return float(pd.Series(a).rank().corr(pd.Series(b).rank()))
 
@@ -144,8 +136,8 @@ def run(inputs: Path, out: Path, work: Path, voters: int, ppo_iterations: int) -
     seed = configs["seed"]
     device = models.default_device()
     work.mkdir(parents=True, exist_ok=True)
-    result: dict = {"device": torch.cuda.get_device_name(0) if device.type == "cuda" else _cpu_name(),
-                    "device_type": device.type, "torch": torch.__version__, "torch_threads": torch.get_num_threads()}
+    result: dict = {"device": models.device_description(), "device_type": device.type, "torch": torch.__version__,
+                    "torch_threads": torch.get_num_threads()}
     print(f"checking on {result['device']} ({device})", flush=True)
     policy, pairs = inputs / "policy", pd.read_parquet(inputs / "denoised.parquet")
     eval_pairs = pd.read_parquet(inputs / "eval_pairs.parquet")

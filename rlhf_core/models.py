@@ -216,6 +216,18 @@ def default_device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
+def device_description() -> str:
+    """`default_device()` in words, for the record of where a stage ran: e.g. `cuda: NVIDIA H100 80GB HBM3 x 1`
+    or `cpu: AMD EPYC x 2` (the CPU model as /proc/cpuinfo names it, and its logical cores). Float results
+    differ between machines (README, the two-machine table), so a run's numbers are read with this beside them."""
+    if torch.cuda.is_available():
+        return f"cuda: {torch.cuda.get_device_name(0)} x {torch.cuda.device_count()}"
+    cpuinfo = Path("/proc/cpuinfo")
+    names = [line.split(":", 1)[1].strip() for line in (cpuinfo.read_text().splitlines() if cpuinfo.exists() else [])
+             if line.startswith("model name")]
+    return f"cpu: {names[0] if names else 'unknown model'} x {os.cpu_count()}"
+
+
 def set_threads() -> None:
     """Use the cores we have; torch's default can oversubscribe a 2-core machine under Prefect threads."""
     n = int(os.environ.get("RLHF_TORCH_THREADS", "0")) or max(1, os.cpu_count() or 1)

@@ -301,8 +301,10 @@ def run_stage(
                 config=cfg_dict, config_digest=cfg_digest, inputs=inputs, cache_key=key, metrics=metrics,
             )
         shutil.rmtree(scratch, ignore_errors=True)  # committed: nothing left to resume
+        from rlhf_core.models import device_description  # it imports torch, which the CLI must not pay for
+
         tracker.set_tags(run_id, {"rlhf.cache": "miss", "rlhf.output": f"{ref.kind}:{ref.digest}",
-                                  "rlhf.output_path": ref.path})
+                                  "rlhf.output_path": ref.path, "rlhf.device": device_description()})
         _log_outputs(store, tracker, run_id, ref, metrics, register_as)
         tracker.end_run(run_id)
         _publish_stage(stage, ctx, ref, metrics, cached=False, run_id=run_id)

@@ -45,6 +45,7 @@ def test_parent_and_nested_runs(two_rounds):
     children = _children(client, parent.info.run_id)
     assert {r.data.tags["rlhf.stage"] for r in children} == STAGES and len(children) == len(STAGES)
     assert all(r.data.tags["rlhf.cache"] == "miss" and r.info.status == "FINISHED" for r in children)
+    assert all(r.data.tags["rlhf.device"].startswith("cpu: ") for r in children)  # where each stage ran
     assert all(r.data.tags["prefect.task_run_id"] for r in children)
     sft = next(r for r in children if r.data.tags["rlhf.stage"] == "sft").data.metrics
     assert 0.0 <= sft["sft/probe/top1_correct"] <= 1.0  # how sharply the policy the reward models start from knows
