@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pandas as pd
@@ -82,3 +83,34 @@ def test_two_worker_ranks_under_accelerate_give_the_one_process_votes(init_dir, 
 def test_fast_mode_is_one_process():
     with pytest.raises(ValueError, match="num_processes 1"):
         VotingConfig(mode="fast", num_processes=2)
+
+
+def test_voters_train_on_the_device_they_are_given_and_the_worker_gives_its_own(init_dir, pairs, tmp_path,
+                                                                                  monkeypatch):
+    """The device reaches every voter's training: from `vote`, and from the worker (its accelerator's device).
+    Until 2026-11-28 the vote worker passed none, so GPU ranks trained their voters on the CPU."""
+    import rlhf_core.reward.voting as voting
+    import rlhf_core.workers.vote as vote_worker
+
+    real_train, devices = voting.train_reward_model, []
+
+    def recording_train(*args, device=None, **kwargs):
+        devices.append(device)
+        return real_train(*args, device=device, **kwargs)
+
+    monkeypatch.setattr(voting, "train_reward_model", recording_train)
+    cfg = CFG.model_copy(update={"n_models": 2})
+    vote(init_dir, pairs, cfg, seed=3, device=torch.device("cpu"))
+    assert devices == [torch.device("cpu")] * 2
+
+    # the worker, with a stand-in accelerator whose device ("cpu:0") is not what any default would give
+    devices.clear()
+    accelerator = SimpleNamespace(device=torch.device("cpu", 0), process_index=0, num_processes=1,
+                                  is_main_process=True)
+    monkeypatch.setattr(vote_worker, "start_ranks", lambda: accelerator)
+    monkeypatch.setattr(vote_worker, "finish_ranks", lambda accelerator, out_dir: None)
+    (tmp_path / "voting.json").write_text(cfg.model_dump_json())
+    pairs.to_parquet(tmp_path / "pairs.parquet", index=False)
+    vote_worker.main(["--init-dir", str(init_dir), "--pairs", str(tmp_path / "pairs.parquet"), "--config",
+                      str(tmp_path / "voting.json"), "--seed", "3", "--voter-dir", str(tmp_path / "voters")])
+    assert devices == [torch.device("cpu", 0)] * 2
