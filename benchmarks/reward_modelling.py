@@ -112,15 +112,9 @@ def add_round_arguments(parser: argparse.ArgumentParser) -> None:
 def round_config(config: str | None, seed: int, workdir: Path, overrides: tuple[str, ...] = ()):
     """The RoundConfig of a benchmark's round: `config`'s YAML (None: the embedded demo's defaults) at `seed`, in
     `workdir`, with `dotted.key=value` overrides."""
-    from rlhf_core.config import apply_override, load_config, parse_config
+    from rlhf_core.config import load_config
 
-    overrides = [f"seed={seed}", f"workdir={workdir}", *overrides]
-    if config:
-        return load_config(config, overrides=overrides)
-    data: dict = {}
-    for item in overrides:
-        apply_override(data, item)
-    return parse_config(data, source="the embedded demo config")
+    return load_config(config or None, overrides=[f"seed={seed}", f"workdir={workdir}", *overrides])
 
 
 def round_workdir(rounds_dir: Path | None, seed: int, default: Path) -> Path:

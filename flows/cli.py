@@ -10,7 +10,7 @@ import shlex
 import sys
 from pathlib import Path
 from types import ModuleType
-from typing import TYPE_CHECKING, Annotated, Any, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 from rich.console import Console
@@ -32,16 +32,10 @@ def load_round_config(path: str | Path | None, overrides: list[str] = ()) -> Rou
     The one loader of the CLI and the flows; raises ConfigError, PathNotAllowedError or ImportFormatError
     (each one line naming the key or the file)."""
     from rlhf_core.annotation.importer import check_exports
-    from rlhf_core.config import RoundConfig, apply_override, load_config, parse_config
+    from rlhf_core.config import RoundConfig, load_config
     from rlhf_core.paths import check_config_paths
 
-    if path is not None:
-        cfg = load_config(path, RoundConfig, overrides)
-    else:
-        data: dict[str, Any] = {}
-        for item in overrides:
-            apply_override(data, item)
-        cfg = parse_config(data, RoundConfig, source="(defaults + --set)")
+    cfg = load_config(path, RoundConfig, overrides)
     check_config_paths(cfg)  # files the config names: present and under the allowed roots
     check_exports(cfg.annotation)  # annotation exports: readable as what they claim to be
     return cfg

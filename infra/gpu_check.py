@@ -7,7 +7,7 @@ run can be set beside the same run on the CPU. It needs rlhf_core and its librar
 MLflow), so it runs on a bare GPU machine with PyTorch, transformers, accelerate, pandas and pydantic.
 
     # here, from a finished round (the demo's, seed 0): the inputs as plain files, with the gold eval pairs
-    .venv/bin/python infra/gpu_check.py prepare --round rlhf-runs/demo --out .gpu-inputs
+    .venv/bin/python infra/gpu_check.py prepare --round rlhf-runs --out .gpu-inputs
     # on the machine to check (CUDA_VISIBLE_DEVICES= for the CPU column), one JSON of numbers and timings
     python infra/gpu_check.py run --inputs .gpu-inputs --out results.json
 
@@ -35,31 +35,15 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from rlhf_core import models  # noqa: E402
-from rlhf_core.config import (PPOConfig, RewardTrainConfig, VotingConfig, apply_override, load_config,  # noqa: E402
-                              parse_config)
+from rlhf_core.artifacts import ArtifactRef, ArtifactStore, Manifest  # noqa: E402
+from rlhf_core.config import PPOConfig, RewardTrainConfig, VotingConfig, load_config  # noqa: E402
 from rlhf_core.reward.train import pair_reward_diffs, train_reward_model  # noqa: E402
 from rlhf_core.reward.voting import collect_voters, shared_trunk_diffs  # noqa: E402
 from rlhf_core.sim.metrics import accuracy_by_pair_type, gold_eval_pairs  # noqa: E402
 
-HELD_OUT_SAMPLES_PER_PROMPT = 8  # as the reward stage's held-out gold pairs (tasks/reward.py)
 
 
-def _manifests(round_dir: Path, stage: str) -> list[dict]:
-    """The manifests of the round's artifacts made by `stage`, each with its directory under "dir"."""
-    found = []
-    for path in sorted((round_dir / "artifacts").glob("*/*/manifest.json")):
-        manifest = json.loads(path.read_text())
-        if manifest["stage"] == stage:
-            found.append(manifest | {"dir": path.parent})
-    return found
-
-
-def _input(manifest: dict, name: str) -> str | None:
-    """The digest of the artifact's input `name`, if it has one."""
-    return next((i["digest"] for i in manifest["inputs"] if i["name"] == name), None)
-
-
-def _one(found: list[dict], what: str, round_dir: Path) -> dict:
+def _one(found: list, what: str, round_dir: Path):
     if len(found) != 1:
         raise SystemExit(f"{round_dir}: expected one {what}, found {len(found)}: give the workdir of one "
                          "finished round (`rlhf demo`'s, or a config's with --config)")
@@ -71,41 +55,39 @@ def prepare(round_dir: Path, config: Path | None, overrides: list[str], out: Pat
     with its votes, the denoised pairs, the prompts, the round's configs, and the held-out gold pairs (drawn
     here once, so that every machine scores the same pairs). The artifacts are found by lineage from the
     round's one SFT policy; `config` and `overrides` are the round's (default: the defaults, as `rlhf demo`)."""
-    if config is not None:
-        cfg = load_config(config, overrides=overrides)
-    else:
-        data: dict = {}
-        for item in overrides:
-            apply_override(data, item)
-        cfg = parse_config(data)
-    sft = _one(_manifests(round_dir, "sft"), "SFT policy", round_dir)
-    # the first round's pairs: the responses of the SFT policy (a later round of `rlhf rounds` votes on
-    # pairs that hold its own policy's responses too)
-    of_sft = {m["digest"] for m in _manifests(round_dir, "generate") if _input(m, "policy") == sft["digest"]}
-    comparisons = _one([m for m in _manifests(round_dir, "import_annotations") if _input(m, "responses") in of_sft],
-                       "comparisons of the SFT policy's responses", round_dir)
+    cfg = load_config(config, overrides=overrides)
+    store = ArtifactStore(round_dir / "artifacts")
+
+    def made_by(kind: str, stage: str, **inputs: str) -> list[tuple[ArtifactRef, Manifest]]:
+        """The store's `kind` artifacts made by `stage` from the given inputs (name=digest)."""
+        found = [(ref, store.manifest(ref)) for ref in store.artifacts(kind)]
+        return [(ref, m) for ref, m in found
+                if m.stage == stage and {i.name: i.digest for i in m.inputs}.items() >= inputs.items()]
+
+    sft, sft_manifest = _one(made_by("policy", "sft"), "SFT policy", round_dir)
+    # the first round's pairs: of the SFT policy's responses (a later round of `rlhf rounds` votes on pairs that hold
+    # its own policy's responses too)
+    responses, _ = _one(made_by("responses", "generate", policy=sft.digest), "generation by the SFT policy",
+                        round_dir)
+    comparisons, _ = _one(made_by("comparisons", "import_annotations", responses=responses.digest),
+                          "comparisons of the SFT policy's responses", round_dir)
     voting_config = {"voting": cfg.voting.model_dump(mode="json", exclude={"num_processes"}), "seed": cfg.seed}
-    votes = _one([m for m in _manifests(round_dir, "vote") if _input(m, "comparisons") == comparisons["digest"]
-                  and m["config"] == voting_config], "vote on them with the given config (--config, --set)",
-                 round_dir)
-    denoised = _one([m for m in _manifests(round_dir, "denoise")
-                     if any(i["digest"] == votes["digest"] for i in m["inputs"])], "denoised pairs", round_dir)
-    rewards = [m for m in _manifests(round_dir, "reward") if {"name": "denoised", "kind": "denoised",
-               "digest": denoised["digest"]} in m["inputs"] and m["config"]["reward"]["train"]
-               == cfg.reward.train.model_dump(mode="json")]
-    round_gold = _one(rewards, "reward model of the round's recipe", round_dir)["metrics"]
-    world = _one([m for m in _manifests(round_dir, "world") if m["digest"] == sft["inputs"][0]["digest"]],
-                 "world", round_dir)
+    votes, _ = _one([(ref, m) for ref, m in made_by("votes", "vote", comparisons=comparisons.digest)
+                     if m.config == voting_config], "vote on them with the given config (--config, --set)", round_dir)
+    denoised, _ = _one(made_by("denoised", "denoise", votes=votes.digest), "denoised pairs", round_dir)
+    _, reward = _one([(ref, m) for ref, m in made_by("reward_model", "reward", denoised=denoised.digest)
+                      if m.config["reward"]["train"] == cfg.reward.train.model_dump(mode="json")],
+                     "reward model of the round's recipe", round_dir)
+    world = store.find("prompts", next(i.digest for i in sft_manifest.inputs if i.name == "prompts"))
     out.mkdir(parents=True, exist_ok=True)
-    shutil.copytree(sft["dir"], out / "policy", dirs_exist_ok=True)
+    shutil.copytree(sft.path, out / "policy", dirs_exist_ok=True)
     for artifact, file in ((votes, "votes.parquet"), (comparisons, "comparisons.parquet"),
                            (denoised, "denoised.parquet"), (world, "prompts.parquet")):
-        shutil.copy(artifact["dir"] / file, out / file)
-    held_out = pd.read_parquet(world["dir"] / "eval_prompts.parquet")["prompt"].tolist()
-    gold_eval_pairs(out / "policy", held_out, seed=cfg.seed,
-                    samples_per_prompt=HELD_OUT_SAMPLES_PER_PROMPT).to_parquet(out / "eval_pairs.parquet")
+        shutil.copy(artifact.file(file), out / file)
+    held_out = pd.read_parquet(world.file("eval_prompts.parquet"))["prompt"].tolist()
+    gold_eval_pairs(out / "policy", held_out, seed=cfg.seed).to_parquet(out / "eval_pairs.parquet")  # the stage's
     (out / "configs.json").write_text(json.dumps({
-        "seed": cfg.seed, "round_reward_gold_heldout": round_gold["reward/gold_accuracy_heldout"],
+        "seed": cfg.seed, "round_reward_gold_heldout": reward.metrics["reward/gold_accuracy_heldout"],
         "reward_train": cfg.reward.train.model_dump(mode="json"),
         "voting": cfg.voting.model_dump(mode="json"), "ppo": cfg.ppo.model_dump(mode="json")}, indent=1))
     print(f"inputs for the check in {out}")

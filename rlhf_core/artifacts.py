@@ -210,6 +210,10 @@ class ArtifactStore:
             raise FileNotFoundError(f"no {kind} artifact {digest} under {self.root}")
         return ArtifactRef(kind=kind, digest=digest, path=str(path))
 
+    def artifacts(self, kind: str) -> list[ArtifactRef]:
+        """Every committed artifact of `kind`, in digest order."""
+        return [self.find(kind, d.name) for d in sorted((self.root / kind).glob("*")) if (d / MANIFEST).is_file()]
+
     def lineage(self, ref: ArtifactRef) -> list[Manifest]:
         """This artifact's manifest and every upstream manifest, walking input digests (depth first)."""
         seen: dict[str, Manifest] = {}

@@ -875,8 +875,14 @@ def parse_config(data: dict[str, Any] | None, cls: type[StrictModel] = RoundConf
         raise ConfigError(_format_errors(err, source)) from None
 
 
-def load_config(path: str | Path, cls: type[StrictModel] = RoundConfig, overrides: list[str] = ()):
-    """Load a YAML config; `overrides` are `dotted.key=value` strings applied on top (value is YAML)."""
+def load_config(path: str | Path | None, cls: type[StrictModel] = RoundConfig, overrides: list[str] = ()):
+    """Load a YAML config (None: `cls`'s defaults, as `rlhf demo`); `overrides` are `dotted.key=value` strings
+    applied on top (value is YAML)."""
+    if path is None:
+        data: dict[str, Any] = {}
+        for item in overrides:
+            apply_override(data, item)
+        return parse_config(data, cls, source="(defaults + --set)")
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"config file not found: {path}")

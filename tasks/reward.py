@@ -22,7 +22,6 @@ from tasks.launch import run_worker
 
 VERSION = "3"
 EXECUTION_SETTINGS = {"num_processes", "deepspeed"}  # how the model is trained, not which: out of the cache key
-HELD_OUT_SAMPLES_PER_PROMPT = 8  # 4 gold-labelled pairs per held-out prompt (~600 pairs in the demo)
 
 
 @task(name="reward", version=VERSION, cache_policy=NO_CACHE)
@@ -46,8 +45,7 @@ def train_reward(ctx: RunContext, cfg: RewardConfig, denoised: ArtifactRef, comp
         metrics = {f"reward/{k}": float(v) for k, v in report.items() if isinstance(v, (int, float))}
         if simulated:
             held_out = read_table("prompts", world.file("eval_prompts.parquet"))
-            eval_pairs = gold_eval_pairs(policy.path, held_out["prompt"].tolist(), seed=seed,
-                                         samples_per_prompt=HELD_OUT_SAMPLES_PER_PROMPT)
+            eval_pairs = gold_eval_pairs(policy.path, held_out["prompt"].tolist(), seed=seed)
             metrics.update(_gold_metrics("reward", model, tokenizer, eval_pairs, cfg, max_operand, operations))
             if cfg.compare_baseline:  # what voting + denoising bought: the same recipe on the raw labels
                 raw = read_table("comparisons", comparisons.file("comparisons.parquet"))

@@ -51,6 +51,11 @@ def test_commit_lookup_verify_lineage(tmp_path):
         (staged / "out.txt").write_text("derived")
         again = _commit(store, staged, kind="derived", inputs={"prompts": up}, key="k3")
     assert again.path == down.path
+    with store.staging() as staged:
+        (staged / "out.txt").write_text("derived, another")
+        other = _commit(store, staged, kind="derived", inputs={"prompts": up}, key="k4")
+    assert store.artifacts("derived") == sorted([down, other], key=lambda r: r.digest)  # each once, digest order
+    assert store.artifacts("prompts") == [up] and store.artifacts("votes") == []
     (tmp_path / "store" / "derived" / down.digest / "out.txt").write_text("tampered")
     assert not store.verify(down)
 

@@ -33,6 +33,11 @@ def test_overrides_and_cross_field_check(tmp_path):
     path.write_text("seed: 3\n")
     cfg = load_config(path, overrides=["ppo.kl_coef=0.2", "sampling.n_samples=20"])
     assert cfg.seed == 3 and cfg.ppo.kl_coef == 0.2 and cfg.sampling.n_samples == 20
+    # no file: the defaults (`rlhf demo`'s) with the same overrides
+    defaults = load_config(None, overrides=["seed=3", "ppo.kl_coef=0.2"])
+    assert defaults == parse_config({"seed": 3, "ppo": {"kl_coef": 0.2}})
+    with pytest.raises(ConfigError, match=r"\(defaults \+ --set\)"):
+        load_config(None, overrides=["ppo.kl_coef=high"])
     with pytest.raises(ConfigError, match="exceeds world.n_prompts"):
         parse_config({"world": {"n_prompts": 10}, "sampling": {"n_samples": 11}})
     # a section's own cross-key check is shown as its message alone, a wrong section type with its key

@@ -150,9 +150,13 @@ def policy_samples(policy_dir, prompts: list[str], generator_seeds: list[int], m
                          generator_seed=s).texts for s in generator_seeds]
 
 
-def gold_eval_pairs(policy_dir, prompts: list[str], seed: int, samples_per_prompt: int = 4,
-                    max_new_tokens: int = 24) -> pd.DataFrame:
-    """Held-out pairs labelled by gold: the policy's samples paired up per prompt, gold ties dropped."""
+HELD_OUT_SAMPLES_PER_PROMPT = 8  # 4 gold-labelled pairs per held-out prompt (~600 pairs in the demo)
+
+
+def gold_eval_pairs(policy_dir, prompts: list[str], seed: int,
+                    samples_per_prompt: int = HELD_OUT_SAMPLES_PER_PROMPT, max_new_tokens: int = 24) -> pd.DataFrame:
+    """Held-out pairs labelled by gold: the policy's samples paired up per prompt, gold ties dropped. The default
+    sample count is the reward stage's (its `reward/gold_accuracy_heldout` pairs)."""
     samples = policy_samples(policy_dir, prompts, [seed * 7919 + k for k in range(samples_per_prompt)],
                              max_new_tokens)
     rows = []
