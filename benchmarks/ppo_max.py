@@ -258,7 +258,7 @@ def run_one(name: str, art: dict, seed: int) -> dict:
                                            cfg, seed=seed, critic_init_dir=art[reward], progress=True,
                                            ptx_examples=ptx, gold_fn=gold_scores)
     seconds = time.time() - t0
-    reference = models.load_policy(art["sft"]).eval()
+    reference = models.load_policy(art["sft"]).to(next(policy.parameters()).device).eval()  # beside the policy
     tail = history[-TAIL:]
     return {"name": name, "seed": seed, "seconds": seconds, "history": history,
             **greedy_gold_and_kl(policy.eval(), reference, tokenizer, art["eval_prompts"], seed),

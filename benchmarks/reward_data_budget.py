@@ -84,15 +84,15 @@ def relabel(pairs, annotators: dict, seed: int):
     return out
 
 
-def noisier_labels(cfg, policy: str, pairs, error_max: float, votes_path: Path):
+def noisier_labels(cfg, policy: str, pairs, error_max: float, votes_path: Path, temperature: float | None = None):
     """(the round's pairs labelled again by the world's annotators, each now flipping at a rate drawn in
-    [0, error_max], the round's voting recipe's votes on those labels): the votes are kept at `votes_path`, so a
-    re-run reads them back."""
+    [0, error_max], with Bradley-Terry `temperature` (None: the world's), the round's voting recipe's votes on
+    those labels): the votes are kept at `votes_path`, so a re-run reads them back."""
     from rlhf_core.artifacts import atomic_write
     from rlhf_core.reward.voting import vote
     from rlhf_core.schemas import read_table
 
-    noisy = relabel(pairs, {"annotator_temperature": cfg.world.annotator_temperature,
+    noisy = relabel(pairs, {"annotator_temperature": temperature or cfg.world.annotator_temperature,
                             "annotator_error_max": error_max}, cfg.seed)
     if not votes_path.exists():
         votes, report = vote(policy, noisy, cfg.voting, seed=cfg.seed, progress=True)

@@ -3,7 +3,8 @@ model seeds, because one reward model's seed moves held-out accuracy by about a 
 docs/reward-label-sources.md (+ .json).
 
     .venv/bin/python benchmarks/reward_label_sources.py [--seeds 0 1 2] [--model-seeds 0 100]
-        [--sources NAME ...] [--config configs/mini.yaml] [--rounds-dir DIR] [--annotator-error-max 0.5]
+        [--sources NAME ...] [--config configs/mini.yaml] [--rounds-dir DIR]
+        [--annotator-error-max 0.5 [--annotator-temperature 0.5]]
 
 Per seed, the round runs up to its votes (from the cache when it ran before: pass the --rounds-dir of the
 reward-modelling benchmark). Each source of SOURCES builds training pairs from the round's imported
@@ -12,12 +13,15 @@ comparisons and votes; the round's reward recipe (`reward.train`) is trained on 
 the held-out gold pairs overall and per pair type. A source is written `[voters:]labels[@read]`:
 
 - labels: how the pairs are labelled (LABELS);
-- voters: whose votes (VOTERS; default the round's own, faithful in-sample, 10 one-epoch voters);
+- voters: whose votes (VOTERS: the round's voting recipe with other settings, e.g. `oof5` out of fold over 5 folds;
+  default the round's own votes, faithful in-sample, 10 one-epoch voters);
 - read: `@weighted` trains the final model with `read: end_token+weighted_logprob` (default the round's read).
 
 With --annotator-error-max the round's pairs are first labelled again by noisier annotators (the world's
 Bradley-Terry annotators, each flipping at a rate drawn in [0, max]) and the round's voting recipe votes on
-those labels: Part II's methods where the labels are worse (give it its own --work-dir and --out).
+those labels: Part II's methods where the labels are worse (give it its own --work-dir and --out). With
+--annotator-temperature as well, the relabelling annotators' Bradley-Terry temperature changes too: a lower one gets
+the close calls right more often, so more of the wrong labels are careless flips of clear pairs.
 
 Every finished (seed, source, model seed) is kept as JSON in --work-dir (votes of other voters as parquet),
 so a killed run resumes and more sources or model seeds add to the same table.
@@ -59,16 +63,28 @@ LABELS = {  # name -> what it is (the builder is `training_pairs`)
     "flip2_paper": "flip (paper rule); then the round's voting recipe votes again, trained on the flipped pairs "
                    "(voter seeds + 500), and flips again (paper rule)",
     "flip2oof_paper": "as flip2_paper, the second vote out of fold (voting.scheme out_of_fold, 2 folds)",
+    "simcse": "the annotators' labels, with Part II's SimCSE loss on responses, coef 0.1 (reward.train.contrastive)",
+    "flip_sym_simcse": "flip (the round's rule, z <= -0.1), with Part II's SimCSE loss on responses, coef 0.1",
 }
+SIMCSE = {"contrastive": {"coef": 0.1, "positives": "responses"}}  # section 6's better SimCSE (reward-modelling.md)
 SECOND_VOTE = {"flip2_paper": {}, "flip2oof_paper": {"scheme": "out_of_fold"}}  # voting overrides of the 2nd vote
 SECOND_VOTE_SEED = 500  # the second vote's voters get other seeds (init, data order) than the first's
-VOTERS = {  # prefix -> voting.train overrides of the other voters (faithful in-sample, 10 voters)
-    "wv": {"read": "end_token+weighted_logprob"},
-    "v2": {"epochs": 2},
+VOTERS = {  # prefix -> voting overrides of the other voters ("train": voting.train overrides; faithful, 10 voters)
+    "wv": {"train": {"read": "end_token+weighted_logprob"}},
+    "v2": {"train": {"epochs": 2}},
+    "oof5": {"scheme": "out_of_fold", "folds": 5},
+    "oof10": {"scheme": "out_of_fold", "folds": 10},
+    "v2oof5": {"scheme": "out_of_fold", "folds": 5, "train": {"epochs": 2}},
+    "ls2": {"train": {"label_smoothing": 0.2}},
 }
 SOURCES = ("baseline", "gold", "flip_paper", "flip_paper_ls0.1", "flipsoft2", "distill2", "drop0.2", "drop0.4",
            "baseline@weighted", "flip_paper@weighted", "gold@weighted", "wv:flip_paper", "wv:flip_paper@weighted",
            "v2:flip_paper", "flip2_paper", "flip2oof_paper")
+
+
+def with_simcse(train_cfg):
+    """`train_cfg` with SIMCSE's contrastive loss (validated, so the nested config stays typed)."""
+    return type(train_cfg).model_validate(train_cfg.model_dump() | SIMCSE)
 
 
 def training_pairs(labels: str, pairs, votes, train_cfg, revote=None, denoise_cfg=None):
@@ -96,6 +112,10 @@ def training_pairs(labels: str, pairs, votes, train_cfg, revote=None, denoise_cf
         return denoise(pairs, votes, denoise_cfg)[0], train_cfg
     if labels == "flip_sym":
         return denoise(pairs, votes, DenoiseConfig(method="flip"))[0], train_cfg
+    if labels == "simcse":
+        return pairs, with_simcse(train_cfg)
+    if labels == "flip_sym_simcse":
+        return denoise(pairs, votes, DenoiseConfig(method="flip"))[0], with_simcse(train_cfg)
     if labels == "flip_paper_ls0.1":
         return flipped_by_paper_rule(), train_cfg.model_copy(update={"label_smoothing": 0.1})
     if labels == "flipsoft2":
@@ -126,6 +146,20 @@ def parse_source(source: str) -> tuple[str | None, str, bool]:
     return voters or None, labels, read == "weighted"
 
 
+def voting_overrides(cfg, voters: str) -> dict:
+    """The round's voting overrides of a VOTERS prefix (its "train" entry updates the round's voting.train)."""
+    spec = dict(VOTERS[voters])
+    train = spec.pop("train", {})
+    return spec | {"train": cfg.voting.train.model_copy(update=train)}
+
+
+def describe_voters(voters: str) -> str:
+    spec = dict(VOTERS[voters])
+    train = spec.pop("train", {})
+    return ", ".join([*(f"voting.{k} {v}" for k, v in spec.items()),
+                      *(f"voting.train.{k} {v}" for k, v in train.items())])
+
+
 def other_votes(key: str, policy, pairs, cfg, work: Path, overrides: dict, seed_offset: int = 0):
     """The votes of the round's voting config with `overrides` on `pairs` (kept as parquet in `work` under
     `key`)."""
@@ -141,8 +175,8 @@ def other_votes(key: str, policy, pairs, cfg, work: Path, overrides: dict, seed_
     return read_table("votes", path)
 
 
-def run_seed(cfg, sources: list[str], model_seeds: list[int], work: Path, annotator_error_max: float | None = None
-             ) -> list[dict]:
+def run_seed(cfg, sources: list[str], model_seeds: list[int], work: Path, annotator_error_max: float | None = None,
+             annotator_temperature: float | None = None) -> list[dict]:
     from flows.round import rlhf_round
     from rlhf_core.artifacts import atomic_write_text
     from rlhf_core.reward.train import pair_reward_diffs, train_reward_model
@@ -156,11 +190,11 @@ def run_seed(cfg, sources: list[str], model_seeds: list[int], work: Path, annota
         round_votes = read_table("votes", Path(art["vote"]["path"]) / "votes.parquet")
     else:  # the same pairs labelled by noisier annotators, and the round's voting recipe on those labels
         pairs, round_votes = noisier_labels(cfg, policy, pairs, annotator_error_max,
-                                            work / f"votes-relabelled-seed{seed}.parquet")
+                                            work / f"votes-relabelled-seed{seed}.parquet", annotator_temperature)
     rows = []
     for source in sources:
         voters, labels, weighted = parse_source(source)
-        overrides = {"train": cfg.voting.train.model_copy(update=VOTERS[voters])} if voters else {}
+        overrides = voting_overrides(cfg, voters) if voters else {}
         votes = other_votes(voters, policy, pairs, cfg, work, overrides) if voters else round_votes
 
         def revote(flipped, second):
@@ -172,6 +206,10 @@ def run_seed(cfg, sources: list[str], model_seeds: list[int], work: Path, annota
             train_cfg = train_cfg.model_copy(update={"read": "end_token+weighted_logprob"})
         gold = gold_difference(train["prompt"], train["chosen"], train["rejected"])
         p = train["soft_label"].fillna(1.0).to_numpy() if "soft_label" in train else np.ones(len(train))
+        # where the training labels are wrong: p > 0.5 says "chosen is better"; computed on every read, so the rows
+        # kept before this column existed get it too
+        labels_by_type = {f"labels_{t}": v for t, v in accuracy_by_pair_type(p - 0.5, train).items()
+                          if t in TYPES}
         for model_seed in model_seeds:
             kept = work / f"seed{seed}" / f"{source.replace(':', '_')}-m{model_seed}.json"
             if not kept.exists():
@@ -184,11 +222,12 @@ def run_seed(cfg, sources: list[str], model_seeds: list[int], work: Path, annota
                 kept.parent.mkdir(parents=True, exist_ok=True)
                 atomic_write_text(kept, json.dumps(row))
                 print(json.dumps(row), flush=True)
-            rows.append(json.loads(kept.read_text()))
+            rows.append(json.loads(kept.read_text()) | labels_by_type)
     return rows
 
 
-def write_report(rows: list[dict], out: Path, annotator_error_max: float | None = None, command: str = "") -> None:
+def write_report(rows: list[dict], out: Path, annotator_error_max: float | None = None, command: str = "",
+                 annotator_temperature: float | None = None) -> None:
     import pandas as pd
 
     df = pd.DataFrame(rows)
@@ -206,8 +245,11 @@ def write_report(rows: list[dict], out: Path, annotator_error_max: float | None 
         "gold-tied pairs left out.",
         *([] if annotator_error_max is None else [
             f"Labels: the round's pairs labelled again by annotators who flip at a rate drawn in [0, "
-            f"{annotator_error_max:g}] (`--annotator-error-max`; the world's: [0, 0.2]), voted on by the round's "
-            "voting recipe; every source is built from those labels and votes."]),
+            f"{annotator_error_max:g}] (`--annotator-error-max`; the world's: [0, 0.2])"
+            + ("" if annotator_temperature is None else
+               f" with Bradley-Terry temperature {annotator_temperature:g} (`--annotator-temperature`; the "
+               "world's: 0.9)")
+            + ", voted on by the round's voting recipe; every source is built from those labels and votes."]),
         "",
         "| source | what | overall | Δ vs baseline: mean (per seed) | " + " | ".join(t.replace("_", " ") for t in TYPES)
         + " | label accuracy | pairs |",
@@ -218,7 +260,7 @@ def write_report(rows: list[dict], out: Path, annotator_error_max: float | None 
         voters, labels, weighted = parse_source(source)
         what = LABELS[labels]
         if voters:
-            what += "; votes of voters with " + ", ".join(f"voting.train.{k} {v}" for k, v in VOTERS[voters].items())
+            what += "; votes of voters with " + describe_voters(voters)
         if weighted:
             what += "; final model with the weighted read"
         gains = [] if base is None else [100 * (s["all"][k] - base[k]) for k in s.index if k in base.index]
@@ -226,6 +268,14 @@ def write_report(rows: list[dict], out: Path, annotator_error_max: float | None 
         cells = [_cell(s[t].tolist()) if t in s else "n/a" for t in TYPES]
         lines.append(f"| {source} | {what} | {_cell(s['all'].tolist())} | {delta} | " + " | ".join(cells)
                      + f" | {_cell(s['label_accuracy'].tolist())} | {_cell(s['n'].tolist(), '.0f')} |")
+    lines += ["", "Where the training labels are wrong: their agreement with gold per pair type (mean over seeds, "
+              "min..max; gold-tied pairs left out):", "",
+              "| source | " + " | ".join(t.replace("_", " ") for t in TYPES) + " | all |",
+              "|---|" + "---|" * (len(TYPES) + 1)]
+    for source in dict.fromkeys(df["source"]):
+        s = per_seed.xs(source, level="source")
+        lines.append(f"| {source} | " + " | ".join(_cell(s[f"labels_{t}"].tolist()) if f"labels_{t}" in s else "n/a"
+                                                   for t in TYPES) + f" | {_cell(s['label_accuracy'].tolist())} |")
     lines += ["", "Each model's overall accuracy (seed / model seed):", "",
               "| source | " + " | ".join(f"{s}/{m}" for s in seeds for m in model_seeds) + " |",
               "|---|" + "---|" * (len(seeds) * len(model_seeds))]
@@ -264,17 +314,24 @@ def main(argv: list[str] | None = None) -> None:
                         help="label the round's pairs again with annotators who flip at a rate drawn in [0, this] "
                         "(the world's annotator_error_max: 0.2), vote on those labels with the round's recipe, and "
                         "build every source from them; use its own --work-dir and --out")
+    parser.add_argument("--annotator-temperature", type=float, default=None,
+                        help="with --annotator-error-max: the relabelling annotators' Bradley-Terry temperature (the "
+                        "world's annotator_temperature: 0.9); lower = fewer close calls wrong, so more of the wrong "
+                        "labels are careless flips")
     add_round_arguments(parser)
     args = parser.parse_args(argv)
+    if args.annotator_temperature is not None and args.annotator_error_max is None:
+        parser.error("--annotator-temperature relabels the pairs: give --annotator-error-max too")
     for source in args.sources:
         parse_source(source)  # an unknown name fails before any round runs
     args.work_dir.mkdir(parents=True, exist_ok=True)
     rows = []
     for seed in args.seeds:
         cfg = round_config(args.config, seed, round_workdir(args.rounds_dir, seed, args.work_dir / f"round-seed{seed}"))
-        rows += run_seed(cfg, args.sources, args.model_seeds, args.work_dir, args.annotator_error_max)
+        rows += run_seed(cfg, args.sources, args.model_seeds, args.work_dir, args.annotator_error_max,
+                         args.annotator_temperature)
     command = shlex.join(["benchmarks/reward_label_sources.py", *(sys.argv[1:] if argv is None else argv)])
-    write_report(rows, args.out, args.annotator_error_max, command)
+    write_report(rows, args.out, args.annotator_error_max, command, args.annotator_temperature)
     print(f"wrote {args.out}")
 
 

@@ -375,7 +375,11 @@ def test_reward_label_sources_every_source_and_model_seed(shared_round):
         assert_accuracies(row)
     by = {(r["source"], r["model_seed"]): r for r in rows}
     assert by[("gold", 0)]["label_accuracy"] == 1.0
+    gold_by_type = [v for k, v in by[("gold", 0)].items() if k.startswith("labels_")]
+    assert gold_by_type and all(v == 1.0 for v in gold_by_type)  # per pair type, where the mini round has one
     assert by[("v2:drop0.2@weighted", 0)]["n"] < by[("baseline", 0)]["n"]  # pairs near z = 0 dropped
+    # the round's flips, with the contrastive loss: the same labels, another model
+    assert by[("flip_sym_simcse", 0)]["label_accuracy"] == by[("round", 0)]["label_accuracy"]
     # the baseline's labels are the annotators': its label accuracy is the round's raw gold agreement
     from flows.round import rlhf_round
     from reward_modelling import round_config, round_pairs
@@ -386,6 +390,9 @@ def test_reward_label_sources_every_source_and_model_seed(shared_round):
     text = (folder / "reward-label-sources.md").read_text()
     assert [r[0] for r in table(text, "| source | what |")] == list(run_all.SMOKE_LABEL_SOURCES)
     assert table(text, "| source | what |")[0][3].startswith("+0.0")  # the baseline against itself
+    label_rows = table(text, "| source | correctness only |")  # where the labels are wrong, per pair type
+    assert [r[0] for r in label_rows] == list(run_all.SMOKE_LABEL_SOURCES)
+    assert label_rows[1][-1] == "1.000"  # gold's, overall
     assert result_and_figure(folder / "reward-label-sources.md") == rows
     assert (folder / "votes-v2-seed0.parquet").is_file()
     # the second vote: on the flipped pairs, with its own voters; the final labels differ from the first flip's
@@ -398,7 +405,8 @@ def test_reward_label_sources_every_source_and_model_seed(shared_round):
 
 @pytest.mark.slow
 def test_reward_label_sources_with_noisier_annotators(shared_round, tmp_path):
-    """--annotator-error-max: the sources are built from the pairs labelled again by noisier annotators."""
+    """--annotator-error-max (and --annotator-temperature): the sources are built from the pairs labelled again by
+    noisier annotators."""
     import reward_label_sources
     from flows.round import rlhf_round
     from reward_data_budget import relabel
@@ -409,16 +417,40 @@ def test_reward_label_sources_with_noisier_annotators(shared_round, tmp_path):
     out = tmp_path / "noisy.md"
     reward_label_sources.main(["--seeds", "0", "--model-seeds", "0", "--sources", "baseline", "round",
                                "--config", str(run_all.MINI), "--rounds-dir", str(shared_round / "rounds"),
-                               "--annotator-error-max", "0.5", "--work-dir", str(tmp_path / "work"),
-                               "--out", str(out)])
+                               "--annotator-error-max", "0.5", "--annotator-temperature", "0.4",
+                               "--work-dir", str(tmp_path / "work"), "--out", str(out)])
     rows = {r["source"]: r for r in json.loads(out.with_suffix(".json").read_text())}
     cfg = round_config(str(run_all.MINI), 0, shared_round / "rounds" / "round-seed0")
     _, pairs, _ = round_pairs(rlhf_round(config=cfg, stop_after="import_annotations")["artifacts"], 0)
-    noisy = relabel(pairs, {"annotator_temperature": cfg.world.annotator_temperature, "annotator_error_max": 0.5}, 0)
+    noisy = relabel(pairs, {"annotator_temperature": 0.4, "annotator_error_max": 0.5}, 0)
     assert rows["baseline"]["label_accuracy"] == pytest.approx(gold_agreement_of_pairs(noisy))
-    assert rows["baseline"]["label_accuracy"] < gold_agreement_of_pairs(pairs)  # the noisier annotators' labels
+    at_worlds = relabel(pairs, {"annotator_temperature": cfg.world.annotator_temperature,
+                                "annotator_error_max": 0.5}, 0)
+    assert (noisy["chosen"] != at_worlds["chosen"]).any()  # the temperature reached the relabelling
+    assert (noisy["chosen"].to_numpy() != pairs["chosen"].to_numpy()).any()  # relabelled, not the round's labels
     assert (tmp_path / "work" / "votes-relabelled-seed0.parquet").is_file()
-    assert "annotators who flip at a rate drawn in [0, 0.5]" in out.read_text()
+    assert "annotators who flip at a rate drawn in [0, 0.5] (`--annotator-error-max`; the world's: [0, 0.2]) with " \
+        "Bradley-Terry temperature 0.4" in out.read_text()
+    with pytest.raises(SystemExit):  # a temperature relabels: it needs the error rate too
+        reward_label_sources.main(["--annotator-temperature", "0.4", "--work-dir", str(tmp_path / "work")])
+
+
+def test_reward_label_sources_voters_override_the_rounds_voting_recipe():
+    """A VOTERS prefix changes the round's voting config where it says, and its voting.train only where it says."""
+    import reward_label_sources
+
+    from rlhf_core.config import load_config
+
+    cfg = load_config(None)
+    v2 = reward_label_sources.voting_overrides(cfg, "v2")
+    assert v2 == {"train": cfg.voting.train.model_copy(update={"epochs": 2})}
+    oof5 = reward_label_sources.voting_overrides(cfg, "oof5")
+    assert oof5 == {"scheme": "out_of_fold", "folds": 5, "train": cfg.voting.train}
+    assert reward_label_sources.describe_voters("v2oof5") == \
+        "voting.scheme out_of_fold, voting.folds 5, voting.train.epochs 2"
+    simcse = reward_label_sources.with_simcse(cfg.reward.train)
+    assert simcse.contrastive.coef == 0.1 and simcse.contrastive.positives == "responses"
+    assert simcse.model_copy(update={"contrastive": cfg.reward.train.contrastive}) == cfg.reward.train
 
 
 @pytest.mark.slow
