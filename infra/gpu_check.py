@@ -8,7 +8,8 @@ MLflow), so it runs on a bare GPU machine with PyTorch, transformers, accelerate
 
     # here, from a finished round (the demo's, seed 0): the inputs as plain files, with the gold eval pairs
     .venv/bin/python infra/gpu_check.py prepare --round rlhf-runs --out .gpu-inputs
-    # on the machine to check (CUDA_VISIBLE_DEVICES= for the CPU column), one JSON of numbers and timings
+    # on the machine to check (CUDA_VISIBLE_DEVICES= for the CPU column), one JSON of numbers and timings,
+    # rewritten after each step, so a run stopped at a time limit keeps the steps it finished
     python infra/gpu_check.py run --inputs .gpu-inputs --out results.json
 
 Each worker runs as `python -m rlhf_core.workers.<name>` in its own process: one rank, on the GPU when one
@@ -27,15 +28,17 @@ import sys
 import time
 from pathlib import Path
 
+import accelerate
 import numpy as np
 import pandas as pd
 import torch
+import transformers
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from rlhf_core import models  # noqa: E402
-from rlhf_core.artifacts import ArtifactRef, ArtifactStore, Manifest  # noqa: E402
+from rlhf_core.artifacts import ArtifactRef, ArtifactStore, Manifest, atomic_write_text  # noqa: E402
 from rlhf_core.config import PPOConfig, RewardTrainConfig, VotingConfig, load_config  # noqa: E402
 from rlhf_core.reward.train import pair_reward_diffs, train_reward_model  # noqa: E402
 from rlhf_core.reward.voting import collect_voters, shared_trunk_diffs  # noqa: E402
@@ -113,12 +116,21 @@ def _spearman(a: np.ndarray, b: np.ndarray) -> float:
     return float(pd.Series(a).rank().corr(pd.Series(b).rank()))
 
 
+def _save(out: Path, result: dict) -> None:
+    """Print the result so far and write it (atomically) to `out`: a check stopped at the device's time limit
+    still leaves the steps it finished."""
+    text = json.dumps(result, indent=1)
+    print(text, flush=True)
+    atomic_write_text(out, text)
+
+
 def run(inputs: Path, out: Path, work: Path, voters: int, ppo_iterations: int) -> dict:
     configs = json.loads((inputs / "configs.json").read_text())
     seed = configs["seed"]
     device = models.default_device()
     work.mkdir(parents=True, exist_ok=True)
     result: dict = {"device": models.device_description(), "device_type": device.type, "torch": torch.__version__,
+                    "transformers": transformers.__version__, "accelerate": accelerate.__version__,
                     "torch_threads": torch.get_num_threads()}
     print(f"checking on {result['device']} ({device})", flush=True)
     policy, pairs = inputs / "policy", pd.read_parquet(inputs / "denoised.parquet")
@@ -148,7 +160,7 @@ def run(inputs: Path, out: Path, work: Path, voters: int, ppo_iterations: int) -
                                                    zip(model.state_dict().values(),
                                                        worker_model.state_dict().values())))}
     del model, worker_model
-    print(json.dumps(result, indent=1), flush=True)
+    _save(out, result)
 
     # 2. Voting: the first `voters` faithful voters through the worker, against the round's own votes of the
     #    same voters (voter k has the same seed everywhere); fast mode in this process.
@@ -176,7 +188,7 @@ def run(inputs: Path, out: Path, work: Path, voters: int, ppo_iterations: int) -
         "spearman_mean_vs_round_faithful": round(_spearman(fast_diffs.mean(axis=1),
                                                            np.stack(round_votes["diffs"].to_numpy()).mean(axis=1)),
                                                  4)}
-    print(json.dumps(result, indent=1), flush=True)
+    _save(out, result)
 
     # 3. PPO through the worker, against the reward model trained above (the round's recipe).
     ppo = PPOConfig.model_validate(configs["ppo"] | {"iterations": ppo_iterations})
@@ -200,8 +212,7 @@ def run(inputs: Path, out: Path, work: Path, voters: int, ppo_iterations: int) -
                             "score_last_10": mean_of(last, "objective/score"),
                             "kl_last_10": mean_of(last, "objective/kl"),
                             "perplexity_last_10": mean_of(last, "objective/perplexity")}
-    print(json.dumps(result, indent=1), flush=True)
-    out.write_text(json.dumps(result, indent=1))
+    _save(out, result)
     return result
 
 

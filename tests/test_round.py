@@ -299,6 +299,9 @@ def test_gpu_check_reproduces_the_round_on_this_machine(two_rounds, tmp_path):
                     "--voters", "2", "--ppo-iterations", "2"], check=True)
     result = json.loads((tmp_path / "check.json").read_text())
     assert result["device_type"] == "cpu"
+    import transformers
+
+    assert result["transformers"] == transformers.__version__  # the device image's versions differ: say which ran
     worker, in_process = result["reward_worker"], result["reward_in_process"]
     assert worker["gold_heldout"]["all"] == worker["round_gold_heldout"]
     assert in_process["max_abs_weight_diff_vs_worker"] == 0.0 and in_process["gold_heldout"] == worker["gold_heldout"]
