@@ -301,6 +301,20 @@ def plot(rows: list[dict], out: Path) -> str:
     return save_figure(fig, out)
 
 
+def check_work_dir_labels(work: Path, labels: dict) -> None:
+    """`work` keeps the votes and models of one labelling (the round's, or one relabelling): record it there on
+    first use, refuse another after (its kept votes and models would be read back as if they were the other's)."""
+    from rlhf_core.artifacts import atomic_write_text
+
+    work.mkdir(parents=True, exist_ok=True)
+    path = work / "labels.json"
+    if not path.exists():
+        atomic_write_text(path, json.dumps(labels))
+    elif json.loads(path.read_text()) != labels:
+        raise SystemExit(f"{work} holds the votes and models of the labels {path.read_text()}, not {labels}: give "
+                         "these labels their own --work-dir")
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
@@ -324,7 +338,8 @@ def main(argv: list[str] | None = None) -> None:
         parser.error("--annotator-temperature relabels the pairs: give --annotator-error-max too")
     for source in args.sources:
         parse_source(source)  # an unknown name fails before any round runs
-    args.work_dir.mkdir(parents=True, exist_ok=True)
+    check_work_dir_labels(args.work_dir, {"annotator_error_max": args.annotator_error_max,
+                                          "annotator_temperature": args.annotator_temperature})
     rows = []
     for seed in args.seeds:
         cfg = round_config(args.config, seed, round_workdir(args.rounds_dir, seed, args.work_dir / f"round-seed{seed}"))

@@ -231,6 +231,8 @@ def main(argv: list[str] | None = None) -> None:
     check.add_argument("--voters", type=int, default=4, help="faithful voters to train (the round's first ones)")
     check.add_argument("--ppo-iterations", type=int, default=60)
     args = p.parse_args(argv)
+    if args.command == "run" and args.voters < 2:
+        p.error("--voters: at least 2 (the mean and std of the strength need two voters)")
     if args.command == "prepare":
         prepare(args.round, args.config, args.overrides, args.out)
     else:

@@ -435,6 +435,21 @@ def test_reward_label_sources_with_noisier_annotators(shared_round, tmp_path):
         reward_label_sources.main(["--annotator-temperature", "0.4", "--work-dir", str(tmp_path / "work")])
 
 
+def test_a_reward_label_sources_work_dir_keeps_one_labelling(tmp_path):
+    """Votes and models kept for the round's labels are never read back as a relabelling's, nor the reverse."""
+    import reward_label_sources
+
+    own = {"annotator_error_max": None, "annotator_temperature": None}
+    careless = {"annotator_error_max": 0.4, "annotator_temperature": 0.5}
+    reward_label_sources.check_work_dir_labels(tmp_path / "work", own)
+    reward_label_sources.check_work_dir_labels(tmp_path / "work", own)  # the same labels: fine
+    with pytest.raises(SystemExit, match="give these labels their own --work-dir"):
+        reward_label_sources.check_work_dir_labels(tmp_path / "work", careless)
+    with pytest.raises(SystemExit, match="their own --work-dir"):  # through main, before any round runs
+        reward_label_sources.main(["--annotator-error-max", "0.4", "--annotator-temperature", "0.5",
+                                   "--work-dir", str(tmp_path / "work")])
+
+
 def test_reward_label_sources_voters_override_the_rounds_voting_recipe():
     """A VOTERS prefix changes the round's voting config where it says, and its voting.train only where it says."""
     import reward_label_sources
