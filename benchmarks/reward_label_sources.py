@@ -76,6 +76,7 @@ VOTERS = {  # prefix -> voting overrides of the other voters ("train": voting.tr
     "oof10": {"scheme": "out_of_fold", "folds": 10},
     "v2oof5": {"scheme": "out_of_fold", "folds": 5, "train": {"epochs": 2}},
     "ls2": {"train": {"label_smoothing": 0.2}},
+    "m20": {"n_models": 20},
 }
 SOURCES = ("baseline", "gold", "flip_paper", "flip_paper_ls0.1", "flipsoft2", "distill2", "drop0.2", "drop0.4",
            "baseline@weighted", "flip_paper@weighted", "gold@weighted", "wv:flip_paper", "wv:flip_paper@weighted",
