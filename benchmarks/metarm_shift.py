@@ -295,9 +295,13 @@ def check_work_dir_shift(work: Path, shift: dict) -> None:
             raise SystemExit(f"{work} holds pairs of another shift (made before shift.json was kept, so with "
                              f"{SHIFTS['default']}): give this shift its own --work-dir")
         atomic_write_text(path, json.dumps(shift))
-    elif json.loads(path.read_text()) != shift:
-        raise SystemExit(f"{work} holds the pairs and models of the shift {path.read_text()}, not {shift}: give "
-                         "this shift its own --work-dir")
+    else:
+        kept = json.loads(path.read_text())
+        if "ppo" not in kept:  # written before a shift could change the round: its PPO settings alone
+            kept = {"ppo": kept}
+        if kept != shift:
+            raise SystemExit(f"{work} holds the pairs and models of the shift {path.read_text()}, not {shift}: give "
+                             "this shift its own --work-dir")
 
 
 def main(argv: list[str] | None = None) -> None:

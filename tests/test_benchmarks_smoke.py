@@ -601,6 +601,12 @@ def test_a_metarm_work_dir_keeps_one_shift(tmp_path):
     # a shift that changes the round's reward recipe is another shift, though its PPO is the default's
     with pytest.raises(SystemExit, match="its own --work-dir"):
         check_work_dir_shift(tmp_path / "old", SHIFTS["hacked"])
+    # shift.json as it was written before a shift could change the round: the PPO settings alone
+    (tmp_path / "flat").mkdir()
+    (tmp_path / "flat" / "shift.json").write_text(json.dumps(SHIFTS["hard"]["ppo"]))
+    check_work_dir_shift(tmp_path / "flat", SHIFTS["hard"])  # the same shift resumes
+    with pytest.raises(SystemExit, match="its own --work-dir"):
+        check_work_dir_shift(tmp_path / "flat", SHIFTS["default"])
 
 
 def test_reward_data_budget_relabels_like_the_worlds_annotators():
