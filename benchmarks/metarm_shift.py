@@ -58,6 +58,7 @@ from pathlib import Path
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 sys.path.insert(0, str(Path(__file__).parent))
 
+from result_files import dots, figure_axes, keep_one_setting, save_figure  # noqa: E402
 from reward_modelling import (META_SAMPLES_PER_PROMPT, SHIFT_PPO, TYPES, _cell, add_round_arguments,  # noqa: E402
                               meta_samples, round_config, round_workdir, shifted_round)
 
@@ -207,8 +208,6 @@ def paired_by_prompt(vanilla: list[bool], other: list[bool], prompts: list[str])
 def plot(summaries: list[dict], out: Path) -> str:
     """Held-out gold accuracy of every model on the SFT policy's pairs and on the drifted policy's: a dot per (seed,
     model seed), the mean a bar; the markdown line that shows it (the figure beside `out`, .png)."""
-    from result_files import dots, figure_axes, save_figure
-
     names = list(summaries[0]["models"])
     fig, axes = figure_axes(2, width=6, height=0.35 * len(names) + 1.2)
     for ax, pairs in zip(axes, ("sft", "drifted")):
@@ -286,22 +285,17 @@ def _model_table(results: list[dict], etas: list[float]) -> list[str]:
 
 def check_work_dir_shift(work: Path, shift: dict) -> None:
     """`work` keeps one shift's pairs and models: record it there on first use, refuse another shift after."""
-    from rlhf_core.artifacts import atomic_write_text
-
     work.mkdir(parents=True, exist_ok=True)
     path = work / "shift.json"
-    if not path.exists():
-        if any(work.glob("seed*-drifted-pairs.parquet")) and shift != SHIFTS["default"]:
-            raise SystemExit(f"{work} holds pairs of another shift (made before shift.json was kept, so with "
-                             f"{SHIFTS['default']}): give this shift its own --work-dir")
-        atomic_write_text(path, json.dumps(shift))
-    else:
-        kept = json.loads(path.read_text())
-        if "ppo" not in kept:  # written before a shift could change the round: its PPO settings alone
-            kept = {"ppo": kept}
-        if kept != shift:
-            raise SystemExit(f"{work} holds the pairs and models of the shift {path.read_text()}, not {shift}: give "
-                             "this shift its own --work-dir")
+    if not path.exists() and any(work.glob("seed*-drifted-pairs.parquet")) and shift != SHIFTS["default"]:
+        raise SystemExit(f"{work} holds pairs of another shift (made before shift.json was kept, so with "
+                         f"{SHIFTS['default']}): give this shift its own --work-dir")
+
+    def read_kept(text: str) -> dict:
+        kept = json.loads(text)
+        return kept if "ppo" in kept else {"ppo": kept}  # written before a shift could change the round: PPO alone
+
+    keep_one_setting(path, shift, "give this shift its own --work-dir", read_kept)
 
 
 def main(argv: list[str] | None = None) -> None:

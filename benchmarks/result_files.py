@@ -13,6 +13,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from rlhf_core.artifacts import atomic_write_text  # noqa: E402
 
 
+def keep_one_setting(path: Path, setting: dict, remedy: str, read_kept=json.loads) -> None:
+    """A work dir's record (`path`, JSON) of the setting its kept results were made with: written on first use; a
+    later run with another setting is refused (SystemExit naming both, then `remedy`), so kept results are never
+    read back as another setting's. `read_kept`: the record's text -> its setting (to accept an older form)."""
+    if not path.exists():
+        atomic_write_text(path, json.dumps(setting))
+    elif read_kept(path.read_text()) != setting:
+        raise SystemExit(f"{path.parent} holds the results of {path.read_text().strip()}, not {setting}: {remedy}")
+
+
 def write_json(report: str | Path, result: dict) -> Path:
     """`result` as JSON beside `report` (.json), written atomically; its path."""
     path = Path(report).with_suffix(".json")

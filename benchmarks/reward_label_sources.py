@@ -45,7 +45,7 @@ os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 sys.path.insert(0, str(Path(__file__).parent))
 
 from reward_data_budget import noisier_labels  # noqa: E402
-from result_files import dots, figure_axes, save_figure  # noqa: E402
+from result_files import dots, figure_axes, keep_one_setting, save_figure  # noqa: E402
 from reward_modelling import (PAPER_BAND, TYPES, _cell, add_round_arguments, gold_oriented,  # noqa: E402
                               round_config, round_pairs, round_voting, round_workdir)
 
@@ -84,8 +84,10 @@ SOURCES = ("baseline", "gold", "flip_paper", "flip_paper_ls0.1", "flipsoft2", "d
 
 
 def with_simcse(train_cfg):
-    """`train_cfg` with SIMCSE's contrastive loss (validated, so the nested config stays typed)."""
-    return type(train_cfg).model_validate(train_cfg.model_dump() | SIMCSE)
+    """`train_cfg` with SIMCSE's contrastive settings merged in (validated, so the nested config stays typed)."""
+    from rlhf_core.config import deep_merge
+
+    return type(train_cfg).model_validate(deep_merge(train_cfg.model_dump(), SIMCSE))
 
 
 def training_pairs(labels: str, pairs, votes, train_cfg, revote=None, denoise_cfg=None):
@@ -305,15 +307,8 @@ def plot(rows: list[dict], out: Path) -> str:
 def check_work_dir_labels(work: Path, labels: dict) -> None:
     """`work` keeps the votes and models of one labelling (the round's, or one relabelling): record it there on
     first use, refuse another after (its kept votes and models would be read back as if they were the other's)."""
-    from rlhf_core.artifacts import atomic_write_text
-
     work.mkdir(parents=True, exist_ok=True)
-    path = work / "labels.json"
-    if not path.exists():
-        atomic_write_text(path, json.dumps(labels))
-    elif json.loads(path.read_text()) != labels:
-        raise SystemExit(f"{work} holds the votes and models of the labels {path.read_text()}, not {labels}: give "
-                         "these labels their own --work-dir")
+    keep_one_setting(work / "labels.json", labels, "give these labels their own --work-dir")
 
 
 def main(argv: list[str] | None = None) -> None:
