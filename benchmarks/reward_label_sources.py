@@ -10,12 +10,13 @@ Per seed, the round runs up to its votes (from the cache when it ran before: pas
 reward-modelling benchmark). Each source of SOURCES builds training pairs from the round's imported
 comparisons and votes; the round's reward recipe (`reward.train`) is trained on them once per model seed
 (train seed = seed + model seed: model seed 0 is the reward-modelling benchmark's own model) and scored on
-the held-out gold pairs overall and per pair type. A source is written `[voters:]labels[@read]`:
+the held-out gold pairs overall and per pair type. A source is written `[voters:]labels[@recipe]`:
 
 - labels: how the pairs are labelled (LABELS);
 - voters: whose votes (VOTERS: the round's voting recipe with other settings, e.g. `oof5` out of fold over 5 folds;
   default the round's own votes, faithful in-sample, 10 one-epoch voters);
-- read: `@weighted` trains the final model with `read: end_token+weighted_logprob` (default the round's read).
+- recipe: `@NAME[+NAME...]` changes the final model's recipe (RECIPES: `@weighted` the weighted read, `@e4` 4 epochs,
+  `@weighted+e4` both; default the round's `reward.train`).
 
 With --annotator-error-max the round's pairs are first labelled again by noisier annotators (the world's
 Bradley-Terry annotators, each flipping at a rate drawn in [0, max]) and the round's voting recipe votes on
@@ -77,6 +78,15 @@ VOTERS = {  # prefix -> voting overrides of the other voters ("train": voting.tr
     "v2oof5": {"scheme": "out_of_fold", "folds": 5, "train": {"epochs": 2}},
     "ls2": {"train": {"label_smoothing": 0.2}},
     "m20": {"n_models": 20},
+}
+RECIPES = {  # suffix -> reward.train overrides of the final model (the round's recipe: end_token+logprob, 2 epochs)
+    "weighted": {"read": "end_token+weighted_logprob"},
+    "e1": {"epochs": 1},
+    "e3": {"epochs": 3},
+    "e4": {"epochs": 4},
+    "e6": {"epochs": 6},
+    "lr3e-4": {"lr": 3e-4},
+    "lr3e-5": {"lr": 3e-5},
 }
 SOURCES = ("baseline", "gold", "flip_paper", "flip_paper_ls0.1", "flipsoft2", "distill2", "drop0.2", "drop0.4",
            "baseline@weighted", "flip_paper@weighted", "gold@weighted", "wv:flip_paper", "wv:flip_paper@weighted",
@@ -140,13 +150,26 @@ def training_pairs(labels: str, pairs, votes, train_cfg, revote=None, denoise_cf
     raise ValueError(f"unknown labels {labels!r}; known: {list(LABELS)}")
 
 
-def parse_source(source: str) -> tuple[str | None, str, bool]:
-    """'[voters:]labels[@weighted]' -> (voters prefix or None, labels, weighted read)."""
+def parse_source(source: str) -> tuple[str | None, str, tuple[str, ...]]:
+    """'[voters:]labels[@recipe[+recipe...]]' -> (voters prefix or None, labels, RECIPES names)."""
     voters, _, rest = source.rpartition(":")
-    labels, _, read = rest.partition("@")
-    if (voters and voters not in VOTERS) or labels not in LABELS or read not in ("", "weighted"):
-        raise ValueError(f"unknown source {source!r}: [{'|'.join(VOTERS)}:]{'|'.join(LABELS)}[@weighted]")
-    return voters or None, labels, read == "weighted"
+    labels, _, recipe = rest.partition("@")
+    recipes = tuple(recipe.split("+")) if recipe else ()
+    if (voters and voters not in VOTERS) or labels not in LABELS or any(r not in RECIPES for r in recipes):
+        raise ValueError(f"unknown source {source!r}: [{'|'.join(VOTERS)}:]{'|'.join(LABELS)}"
+                         f"[@{'|'.join(RECIPES)}[+...]]")
+    return voters or None, labels, recipes
+
+
+def with_recipes(train_cfg, recipes: tuple[str, ...]):
+    """`train_cfg` with the RECIPES overrides of `recipes` applied in order."""
+    for name in recipes:
+        train_cfg = train_cfg.model_copy(update=RECIPES[name])
+    return train_cfg
+
+
+def describe_recipes(recipes: tuple[str, ...]) -> str:
+    return ", ".join(f"reward.train.{k} {v}" for name in recipes for k, v in RECIPES[name].items())
 
 
 def voting_overrides(cfg, voters: str) -> dict:
@@ -196,7 +219,7 @@ def run_seed(cfg, sources: list[str], model_seeds: list[int], work: Path, annota
                                             work / f"votes-relabelled-seed{seed}.parquet", annotator_temperature)
     rows = []
     for source in sources:
-        voters, labels, weighted = parse_source(source)
+        voters, labels, recipes = parse_source(source)
         overrides = voting_overrides(cfg, voters) if voters else {}
         votes = other_votes(voters, policy, pairs, cfg, work, overrides) if voters else round_votes
 
@@ -205,8 +228,7 @@ def run_seed(cfg, sources: list[str], model_seeds: list[int], work: Path, annota
                                SECOND_VOTE_SEED)
 
         train, train_cfg = training_pairs(labels, pairs, votes, cfg.reward.train, revote, cfg.denoise)
-        if weighted:
-            train_cfg = train_cfg.model_copy(update={"read": "end_token+weighted_logprob"})
+        train_cfg = with_recipes(train_cfg, recipes)
         gold = gold_difference(train["prompt"], train["chosen"], train["rejected"])
         p = train["soft_label"].fillna(1.0).to_numpy() if "soft_label" in train else np.ones(len(train))
         # where the training labels are wrong: p > 0.5 says "chosen is better"; computed on every read, so the rows
@@ -242,7 +264,7 @@ def write_report(rows: list[dict], out: Path, annotator_error_max: float | None 
         "",
         f"Measured {datetime.now(timezone.utc):%Y-%m-%d} by `{command or 'benchmarks/reward_label_sources.py'}`, seeds "
         f"{[int(s) for s in seeds]}, model seeds {[int(s) for s in model_seeds]}, {os.cpu_count()} cores "
-        f"({platform.machine()}), no GPU. A source is `[voters:]labels[@read]` (the script's docstring).",
+        f"({platform.machine()}), no GPU. A source is `[voters:]labels[@recipe]` (the script's docstring).",
         "Cells: per seed the mean over its model seeds, then the mean over seeds (min..max over seeds). Δ is against "
         "the baseline (raw labels, the round's read) of the same seed, in points. Held-out gold accuracy; "
         "gold-tied pairs left out.",
@@ -260,12 +282,12 @@ def write_report(rows: list[dict], out: Path, annotator_error_max: float | None 
     ]
     for source in dict.fromkeys(df["source"]):
         s = per_seed.xs(source, level="source")
-        voters, labels, weighted = parse_source(source)
+        voters, labels, recipes = parse_source(source)
         what = LABELS[labels]
         if voters:
             what += "; votes of voters with " + describe_voters(voters)
-        if weighted:
-            what += "; final model with the weighted read"
+        if recipes:
+            what += "; final model with " + describe_recipes(recipes)
         gains = [] if base is None else [100 * (s["all"][k] - base[k]) for k in s.index if k in base.index]
         delta = "n/a" if not gains else f"{np.mean(gains):+.1f} (" + ", ".join(f"{g:+.1f}" for g in gains) + ")"
         cells = [_cell(s[t].tolist()) if t in s else "n/a" for t in TYPES]
@@ -317,7 +339,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--model-seeds", type=int, nargs="+", default=[0, 100],
                         help="offsets of the final models' train seeds (seed + offset); 0 = the round's own model")
     parser.add_argument("--sources", nargs="+", default=list(SOURCES), metavar="SOURCE",
-                        help="[voters:]labels[@weighted], e.g. flip_paper, gold@weighted, v2:flip_paper")
+                        help="[voters:]labels[@recipe[+recipe]], e.g. flip_paper, gold@weighted, v2:flip_paper, round@e4")
     parser.add_argument("--out", type=Path, default=Path("docs/reward-label-sources.md"))
     parser.add_argument("--work-dir", type=Path, default=Path("rlhf-runs/benchmarks/reward-label-sources"))
     parser.add_argument("--annotator-error-max", type=float, default=None,

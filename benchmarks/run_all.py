@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 MINI = ROOT / "configs" / "mini.yaml"
 HH_PAIRS = ROOT.parent / "shared/data/hh-rlhf-harmless-base/pairs.jsonl.gz"
 SMOKE_HH_PAIRS = 20  # synthetic HH-RLHF pairs: an 80/20 split leaves 4 held out
-SMOKE_LABEL_SOURCES = ("baseline", "gold", "flip_paper_ls0.1", "v2:drop0.2@weighted",  # every part of a source name
+SMOKE_LABEL_SOURCES = ("baseline", "gold", "flip_paper_ls0.1", "v2:drop0.2@weighted+e1",  # every part of a source name
                        "flip2oof_paper", "round",  # a second vote, the round's own denoising
                        "flip_sym_simcse")  # a changed nested config (the contrastive loss)
 SMOKE_PPO_RUNS = ("ppo-max", "vanilla", "no KL, baseline RM", "vanilla, weak RM",  # every reward model, both presets

@@ -377,7 +377,7 @@ def test_reward_label_sources_every_source_and_model_seed(shared_round):
     assert by[("gold", 0)]["label_accuracy"] == 1.0
     gold_by_type = [v for k, v in by[("gold", 0)].items() if k.startswith("labels_")]
     assert gold_by_type and all(v == 1.0 for v in gold_by_type)  # per pair type, where the mini round has one
-    assert by[("v2:drop0.2@weighted", 0)]["n"] < by[("baseline", 0)]["n"]  # pairs near z = 0 dropped
+    assert by[("v2:drop0.2@weighted+e1", 0)]["n"] < by[("baseline", 0)]["n"]  # pairs near z = 0 dropped
     # the round's flips, with the contrastive loss: the same labels, another model
     assert by[("flip_sym_simcse", 0)]["label_accuracy"] == by[("round", 0)]["label_accuracy"]
     # the baseline's labels are the annotators': its label accuracy is the round's raw gold agreement
@@ -466,6 +466,24 @@ def test_reward_label_sources_voters_override_the_rounds_voting_recipe():
     simcse = reward_label_sources.with_simcse(cfg.reward.train)
     assert simcse.contrastive.coef == 0.1 and simcse.contrastive.positives == "responses"
     assert simcse.model_copy(update={"contrastive": cfg.reward.train.contrastive}) == cfg.reward.train
+
+
+def test_reward_label_sources_recipes_change_the_final_models_recipe_where_they_say():
+    """`labels@a+b` applies RECIPES a then b to the round's reward.train; an unknown recipe is refused by name."""
+    import reward_label_sources
+
+    from rlhf_core.config import load_config
+
+    train = load_config(None).reward.train
+    assert reward_label_sources.parse_source("v2:flip_sym@weighted+e4") == ("v2", "flip_sym", ("weighted", "e4"))
+    assert reward_label_sources.parse_source("round") == (None, "round", ())
+    both = reward_label_sources.with_recipes(train, ("weighted", "e4"))
+    assert both == train.model_copy(update={"read": "end_token+weighted_logprob", "epochs": 4})
+    assert reward_label_sources.with_recipes(train, ()) == train
+    assert reward_label_sources.describe_recipes(("weighted", "e4")) == \
+        "reward.train.read end_token+weighted_logprob, reward.train.epochs 4"
+    with pytest.raises(ValueError, match="e5"):
+        reward_label_sources.parse_source("round@e5")
 
 
 @pytest.mark.slow
