@@ -339,7 +339,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--model-seeds", type=int, nargs="+", default=[0, 100],
                         help="offsets of the final models' train seeds (seed + offset); 0 = the round's own model")
     parser.add_argument("--sources", nargs="+", default=list(SOURCES), metavar="SOURCE",
-                        help="[voters:]labels[@recipe[+recipe]], e.g. flip_paper, gold@weighted, v2:flip_paper, round@e4")
+                        help="[voters:]labels[@recipe[+recipe]], e.g. flip_paper, gold@weighted, v2:flip_paper, "
+                             "round@e4")
     parser.add_argument("--out", type=Path, default=Path("docs/reward-label-sources.md"))
     parser.add_argument("--work-dir", type=Path, default=Path("rlhf-runs/benchmarks/reward-label-sources"))
     parser.add_argument("--annotator-error-max", type=float, default=None,

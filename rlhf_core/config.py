@@ -625,6 +625,9 @@ class PPOConfig(StrictModel):
         self._from_preset = unset
         if self.reward_norm and self.reward_scaling:
             raise ValueError("ppo.reward_norm and ppo.reward_scaling are alternatives: set one of them false")
+        if self.kl_target is not None and self.kl_coef == 0:
+            raise ValueError("ppo.kl_target steers kl_coef by multiplying it, so from kl_coef 0 it never moves: "
+                             "give ppo.kl_coef a starting value > 0 (e.g. 0.05), or set ppo.kl_target null")
         if self.deepspeed not in (None, "zero2", "zero3") and not self.deepspeed.endswith(".json"):
             raise ValueError(f"ppo.deepspeed {self.deepspeed!r}: give null, zero2, zero3 or the path of a DeepSpeed "
                              "JSON config")

@@ -154,7 +154,7 @@ def test_meta_step_takes_the_pair_gradient_at_the_shifted_weights_and_restores_t
     _, metrics = step_gradients(model, batch, pairs, cfg, meta)
     assert 0.5 <= metrics["meta_difference"] < 1.0
     for p, t in zip(model.parameters(), theta):
-        torch.testing.assert_close(p.detach(), t, atol=1e-6, rtol=0)  # the weights are theta again
+        assert torch.equal(p.detach(), t)  # the weights are theta again, bit for bit
 
     # by hand: theta' = theta + eta * grad J, then the gradient of the pair loss at theta'
     shifted = RewardModel.from_policy(init_dir, seed=0, read="end_token").train()

@@ -132,6 +132,28 @@ def test_scale_and_clip_divides_by_the_running_std_without_centring():
     assert out[0] > 0  # not centred: a positive score stays positive
 
 
+def test_padding_with_an_overflowing_log_ratio_changes_no_reward_loss_or_gradient():
+    """Masked positions may hold any finite value: a log-ratio of 200 there (exp overflows float32) must not turn
+    into inf * 0 = NaN in k3, the PPO ratio, the advantages or the gradient."""
+    mask = torch.tensor([[1, 1, 0]])
+    logp_ref = torch.tensor([[-1.0, -2.0, -300.0]])
+    tame = torch.tensor([[-1.0, -2.0, -300.0]])
+    wild = tame.clone()
+    wild[0, 2] = -100.0  # log pi_ref - log pi = -200 there; pi_ref / pi = exp(-200) is fine, its inverse is not
+    for logp in (tame, wild):
+        rewards, kl = token_rewards(torch.tensor([1.0]), logp + 0.1 * mask, logp_ref, mask, 0.5, "k3")
+        assert torch.isfinite(rewards).all() and kl[0, 2] == 0
+    old_logp = torch.tensor([[-1.0, -2.0, -300.0]])
+    losses = []
+    for padded in (-300.0, -50.0):  # logp - old_logp = 250 at the padded position: exp overflows
+        logp = torch.tensor([[-0.9, -2.1, padded]], requires_grad=True)
+        loss, metrics = policy_loss(logp, old_logp, torch.tensor([[1.0, -1.0, 1.0]]), mask, clip_coef=0.2)
+        loss.backward()
+        assert torch.isfinite(logp.grad).all() and logp.grad[0, 2] == 0 and math.isfinite(metrics["approx_kl"])
+        losses.append(loss.item())
+    assert losses[0] == losses[1]
+
+
 def test_adaptive_kl_controller_by_hand():
     control = AdaptiveKLController(init_coef=0.1, target=6.0, horizon=10000)
     assert control.update(current_kl=12.0, n_steps=1000) == pytest.approx(0.1 * (1 + 0.2 * 0.1))  # error clipped
@@ -144,6 +166,12 @@ def test_ppo_config_takes_one_reward_transform():
     with pytest.raises(ValueError, match="alternatives"):
         PPOConfig(reward_norm=True, reward_scaling=True)
     PPOConfig(reward_norm=False, reward_scaling=True)
+
+
+def test_ppo_config_refuses_an_adaptive_kl_that_starts_at_zero():
+    with pytest.raises(ValueError, match="kl_target steers kl_coef by multiplying it"):
+        PPOConfig(preset="vanilla", kl_target=0.1)  # vanilla's kl_coef is 0
+    assert PPOConfig(preset="vanilla", kl_target=0.1, kl_coef=0.05).kl_coef == 0.05
 
 
 # ---------------------------------------------------------------- losses

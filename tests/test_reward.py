@@ -220,6 +220,12 @@ def test_reward_model_learns_a_separable_task_and_reloads(init_dir, tmp_path, re
     after = score_texts(reloaded, tok2, prompts, responses, FAST.max_length)
     assert before.shape == (8,)
     torch.testing.assert_close(after, before, atol=1e-5, rtol=1e-5)
+    if read == "end_token":  # plain transformers computes the same reward from the saved directory
+        plain = AutoModelForSequenceClassification.from_pretrained(str(tmp_path / "rm")).eval()
+        batch = encode(tok2, prompts, responses, FAST.max_length)  # right-padded rows of several lengths
+        with torch.no_grad():
+            logits = plain(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits[:, 0]
+        torch.testing.assert_close(logits, before, atol=1e-5, rtol=1e-5)
 
 
 def test_training_is_deterministic_per_seed_and_differs_across_seeds(init_dir):

@@ -71,6 +71,12 @@ def test_encoder_refuses_the_logprob_read(encoder_dir):
         RewardModel.from_policy(encoder_dir, read="end_token+logprob")
 
 
+def test_encoder_refuses_the_lm_imitation_loss_before_training(encoder_dir):
+    """The LM loss scores next tokens from the trunk's states; an encoder's state at t has seen token t + 1."""
+    with pytest.raises(ValueError, match="imitation loss .*encoder: set reward.train.lm_coef 0"):
+        train_reward_model(encoder_dir, _separable_pairs(4), RewardTrainConfig(read="end_token", lm_coef=0.5), seed=0)
+
+
 def _separable_pairs(n: int) -> pd.DataFrame:
     """The chosen response always says 'good', the rejected one 'bad': a rule a reward model can learn."""
     words = ["apple", "river", "stone", "cloud", "tiger", "piano", "lemon", "candle"]

@@ -50,8 +50,10 @@ def token_rewards(
     The KL is a dense per-token penalty (InstructGPT / PPO-max); the reward model only judges
     the whole response, so its score lands on the final token (eos, or the last one if truncated).
     """
+    valid = mask.bool()
     mask = mask.to(logp.dtype)
-    kl = kl_penalty(logp, logp_ref, estimator) * mask  # (B, T)
+    # select, not multiply: k3 exponentiates, and an overflow at a padded position would make inf * 0 = NaN
+    kl = torch.where(valid, kl_penalty(logp.where(valid, 0), logp_ref.where(valid, 0), estimator), 0)  # (B, T)
     rewards = -kl_coef * kl  # (B, T)
     last = mask.sum(1).long() - 1  # (B,) index of the last response token
     rows = torch.arange(rewards.shape[0], device=rewards.device)
@@ -200,7 +202,7 @@ def policy_loss(
     All inputs (B, T); the mean is over valid tokens. Metrics: approx_kl (k3 estimate of
     KL(pi_old || pi), CleanRL's) and clipfrac (fraction of tokens where the clip is active).
     """
-    logratio = logp - old_logp  # (B, T)
+    logratio = (logp - old_logp).where(mask.bool(), 0)  # (B, T); 0 at padding, so exp cannot overflow there
     ratio = logratio.exp()
     pg_loss1 = -advantages * ratio
     pg_loss2 = -advantages * torch.clamp(ratio, 1 - clip_coef, 1 + clip_coef)

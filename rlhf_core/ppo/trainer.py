@@ -119,8 +119,10 @@ def _forward_inputs(batch) -> dict[str, torch.Tensor]:
 
 
 def response_logits(model: nn.Module, batch, temperature: float) -> torch.Tensor:
-    """Logits that predicted each response token: (B, T, V). Divided by the sampling temperature,
-    so log-probs are those of the distribution the tokens were drawn from."""
+    """Logits that predicted each response token: (B, T, V). Divided by the sampling temperature, so
+    log-probs are those of the tempered softmax. With top_p < 1 the tokens were drawn from its nucleus
+    only, so log-probs, the KL penalty and the PPO ratio are of the untruncated softmax, as in OpenRLHF
+    and TRL: the rollout's KL is then an average over nucleus tokens and can dip below 0 (docs/ppo-max.md)."""
     logits = model(**_forward_inputs(batch)).logits  # (B, Tq + T, V)
     Tq = batch.query_ids.shape[1]
     return logits[:, Tq - 1 : -1] / temperature  # position t predicts token t + 1

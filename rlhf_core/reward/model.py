@@ -26,6 +26,10 @@ what it does not (style). See docs/reward-modelling.md.
 On disk the model is an ordinary `*ForSequenceClassification` directory (plain transformers
 loads it and computes the end-token term); the log-likelihood weight is stored in its config
 as `rlhf_reward = {"read": ..., "logprob_weight": a}`, read back by `RewardModel.load`.
+Plain transformers finds the end as the last token that is not padding, so its end-token term is
+ours only when the tokenizer's pad token is not its eos. With pad = eos (`models.load_tokenizer`
+gives a tokenizer without a pad token that one) it reads the token before the response's eos:
+load such a model with `RewardModel.load`, as every stage of the pipeline does.
 """
 
 from __future__ import annotations
@@ -142,14 +146,8 @@ class RewardModel(nn.Module):
         if read not in READS:
             raise ValueError(f"unknown reward read {read!r}; known: {READS}")
         self.classifier = classifier
-        if read != "end_token" and self.is_encoder():
-            raise ValueError(f"reward read {read!r} needs a decoder's LM head; {type(classifier).__name__} is "
-                             "an encoder: use read 'end_token' (the pooled [CLS])")
-        if read != "end_token" and not getattr(classifier.config, "tie_word_embeddings", False):
-            raise ValueError(
-                f"reward read {read!r} needs a backbone whose LM head is its input embedding "
-                "(tie_word_embeddings=true); this one has a separate lm_head: use read 'end_token'"
-            )
+        if read != "end_token":
+            self.require_tied_lm_head(f"reward read {read!r}", "use read 'end_token'")
         self.read = read
         self.logprob_weight = nn.Parameter(torch.tensor(float(logprob_weight)), requires_grad=read != "end_token")
         self.token_weight = None  # the weighted read's u . h + b; zero at the start = the plain read
@@ -171,6 +169,17 @@ class RewardModel(nn.Module):
     def is_encoder(self) -> bool:
         """BERT-family trunks carry a pooler over [CLS]; decoders have none."""
         return getattr(self.trunk(), "pooler", None) is not None
+
+    def require_tied_lm_head(self, what: str, instead: str) -> None:
+        """Refuse `what` (a read or loss that scores tokens with `response_logprob`) on a backbone where the input
+        embedding is not the LM head: an encoder (its state at t has seen token t + 1) or a decoder with a separate
+        lm_head (not loaded into a *ForSequenceClassification model, so the log-probs would be another matrix's)."""
+        if self.is_encoder():
+            raise ValueError(f"{what} needs a decoder's LM head; {type(self.classifier).__name__} is an encoder: "
+                             f"{instead}")
+        if not getattr(self.classifier.config, "tie_word_embeddings", False):
+            raise ValueError(f"{what} needs a backbone whose LM head is its input embedding (tie_word_embeddings="
+                             f"true); this one has a separate lm_head: {instead}")
 
     def hidden_states(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         """(N, T, H) last hidden states of the trunk (after its final norm)."""

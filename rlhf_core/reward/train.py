@@ -249,8 +249,8 @@ def meta_ascent(model: RewardModel, batch: dict[str, torch.Tensor], k: int, inne
     """MetaRM's inner step, in place: theta' = theta + inner_lr * clip(grad J(theta)).
 
     J is `difference_loss` of the batch's rewards viewed (P, k). Returns the shift of every trainable
-    parameter (subtract it to get theta back) and J. The outer gradient is then taken at theta' and
-    applied to theta: the first-order form of Algorithm 1 (the term through d theta' / d theta, a
+    parameter and J (`step_gradients` keeps theta to restore it exactly). The outer gradient is then taken
+    at theta' and applied to theta: the first-order form of Algorithm 1 (the term through d theta' / d theta, a
     Hessian-vector product, is left out, as first-order MAML does).
     """
     params = [p for p in model.parameters() if p.requires_grad]
@@ -273,16 +273,18 @@ def step_gradients(model: RewardModel, batch: dict[str, torch.Tensor], pairs: pd
     Without `meta`: the gradient of `pair_loss`. With a MetaRM batch (P * k policy samples, see
     `meta_batch`): shift to theta' (`meta_ascent`), take the gradient of `pair_loss` there, shift back.
     """
-    shifts = []
+    theta = []
     extra = {}
     if meta is not None:
-        shifts, extra["meta_difference"] = meta_ascent(model, meta, cfg.meta.samples_per_prompt, cfg.meta.inner_lr,
-                                                       cfg.max_grad_norm)
+        # theta itself, not theta' - shift: in float32 (p + s) - s is not p, and the error would build up over steps
+        theta = [p.detach().clone() for p in model.parameters() if p.requires_grad]
+        _, extra["meta_difference"] = meta_ascent(model, meta, cfg.meta.samples_per_prompt, cfg.meta.inner_lr,
+                                                  cfg.max_grad_norm)
     loss, metrics = pair_loss(model, batch, pairs, cfg)
     loss.backward()
     with torch.no_grad():
-        for p, shift in zip((p for p in model.parameters() if p.requires_grad), shifts):
-            p.sub_(shift)  # back to theta: the outer gradient is applied to the unshifted weights
+        for p, weights in zip((p for p in model.parameters() if p.requires_grad), theta):
+            p.copy_(weights)  # back to theta: the outer gradient is applied to the unshifted weights
     return loss, metrics | extra
 
 
@@ -416,6 +418,8 @@ def train_reward_model(
     device = device or models.default_device()
     model = RewardModel.from_policy(init_dir, seed, cfg.read).to(device)  # seeds torch, then draws the head
     tokenizer = models.load_tokenizer(init_dir)
+    if cfg.lm_coef:
+        model.require_tied_lm_head("the LM imitation loss (reward.train.lm_coef)", "set reward.train.lm_coef 0")
     if cfg.contrastive.coef:
         dropout_modules = [m for m in model.modules() if isinstance(m, torch.nn.Dropout) and m.p > 0]
         if not model.set_attention_dropout(cfg.contrastive.dropout) and not dropout_modules:
