@@ -61,6 +61,19 @@ def scrub(text: str, secret: str | None) -> str:
     return text.replace(secret, "***") if secret else text
 
 
+def checked_key(api_key: str | None) -> str | None:
+    """The key without the whitespace around it (a Secret block or .env line often ends in a line break). A key
+    with a control character left inside is refused here, unsent and unshown: httpx would quote the header back
+    in its error with the bytes escaped, where `scrub` cannot find the key."""
+    if api_key is None:
+        return None
+    key = api_key.strip()
+    if not key or any(ord(c) < 32 or ord(c) == 127 for c in key):
+        raise ValueError("the API key is empty or holds a control character (a line break pasted inside it?): "
+                         "fix the environment variable or Secret block that holds it (its value is not shown)")
+    return key
+
+
 def retry_after_s(response: httpx.Response) -> float | None:
     """Retry-After in seconds (the HTTP-date form is ignored), clamped to [0, MAX_RETRY_AFTER_S]."""
     try:
@@ -88,7 +101,7 @@ class ChatCompletionsClient:
         self.url = f"{base_url.rstrip('/')}/chat/completions"
         self.model = model
         self.max_retries, self.backoff_s = max_retries, backoff_s
-        self._api_key = api_key
+        self._api_key = checked_key(api_key)
         self._count = count
         self._client = httpx.Client(timeout=timeout_s)
 

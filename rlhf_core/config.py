@@ -9,12 +9,40 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
+from urllib.parse import parse_qsl, urlsplit
 
 import yaml
-from pydantic import (BaseModel, ConfigDict, Field, PrivateAttr, SerializationInfo, SerializerFunctionWrapHandler,
+from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr, SerializationInfo,
+                      SerializerFunctionWrapHandler,
                       ValidationError, model_serializer, model_validator)
+
+
+# The NAME of an environment variable that holds an API key: upper case by convention, and so never the shape of
+# a key (sk-..., gsk_..., mixed-case base62), which a user may paste here by mistake; the error then hides the value.
+ENV_VAR_NAME = r"^[A-Z_][A-Z0-9_]{0,63}$"
+CREDENTIAL_QUERY = re.compile(r"(key|token|secret|password|signature|sig|auth)", re.IGNORECASE)
+
+
+def no_credentials_in_url(url: str | None) -> str | None:
+    """Refuse a URL that carries a credential (user:password@, or a query parameter such as ?key=): a config's values
+    go to MLflow params, manifests and error messages, where secrets must never be."""
+    if url is None:
+        return url
+    parts = urlsplit(url)
+    if parts.password is not None:
+        raise ValueError("the URL holds a password (user:password@): give it through the environment instead (the API "
+                         "key: api_key_env or secret_block; a database: its client's variable, e.g. PGPASSWORD; an MLflow "
+                         "server: MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD); the value is not shown")
+    if any(CREDENTIAL_QUERY.search(name) for name, _ in parse_qsl(parts.query, keep_blank_values=True)):
+        raise ValueError("the URL has a credential-like query parameter (key, token, secret, ...): give the key "
+                         "through api_key_env or secret_block instead; the value is not shown")
+    return url
+
+
+UrlWithoutCredentials = Annotated[str | None, AfterValidator(no_credentials_in_url)]
 
 
 class StrictModel(BaseModel):
@@ -114,10 +142,11 @@ class TaggerConfig(StrictModel):
         "error", description="a prompt the tagger leaves without tags: error stops the stage naming it; "
         "fill keeps it, selectable only as fill",
     )
-    base_url: str | None = Field(None, description="llm: OpenAI-compatible API root, e.g. https://api.openai.com/v1")
+    base_url: UrlWithoutCredentials = Field(
+        None, description="llm: OpenAI-compatible API root, e.g. https://api.openai.com/v1")
     model: str | None = Field(None, description="llm: model name sent to the API")
     api_key_env: str | None = Field(
-        "OPENAI_API_KEY", pattern=r"^[A-Za-z_][A-Za-z0-9_]*$",
+        "OPENAI_API_KEY", pattern=ENV_VAR_NAME,
         description="llm: NAME of the environment variable holding the API key (never the key); "
         "None for a server that needs no key",
     )
@@ -659,12 +688,12 @@ class HTTPJudgeConfig(StrictModel):
     The API key never lives in a config: it is read at call time from the environment variable
     `api_key_env` names or, in the Prefect tasks, from the Secret block `secret_block` names."""
 
-    base_url: str | None = Field(
+    base_url: UrlWithoutCredentials = Field(
         None, description="OpenAI-compatible API root, e.g. https://api.openai.com/v1 or http://127.0.0.1:8000/v1 "
         "(vLLM); POST {base_url}/chat/completions")
     model: str = Field("gpt-4", min_length=1, description="model name sent to the API (Secrets of RLHF judge with GPT-4)")
     api_key_env: str | None = Field(
-        "OPENAI_API_KEY", pattern=r"^[A-Za-z_][A-Za-z0-9_]*$",
+        "OPENAI_API_KEY", pattern=ENV_VAR_NAME,
         description="NAME of the environment variable holding the API key (never the key); None for a server "
         "that needs no key")
     secret_block: str | None = Field(
@@ -786,7 +815,8 @@ class RoundConfig(StrictModel):
                       "artifacts are named after it")
     seed: int = Field(0, description="seed of every stage (round k of iterated rounds samples with seed + k - 1)")
     workdir: str = Field("rlhf-runs", description="artifact store and run files; relative to the cwd")
-    tracking_uri: str | None = Field(None, description="MLflow URI; default sqlite:///{workdir}/mlflow.db")
+    tracking_uri: UrlWithoutCredentials = Field(
+        None, description="MLflow URI; default sqlite:///{workdir}/mlflow.db (no password in it: see docs/operations.md)")
     experiment: str = Field("rlhf", description="MLflow experiment of the round's runs")
     annotation: AnnotationConfig = Field(
         AnnotationConfig(), description="the annotation exports this round imports (none: the simulated annotators)"
@@ -834,6 +864,7 @@ class RoundConfig(StrictModel):
 
 
 SECRET_BEARING_KEYS = ("api_key_env",)  # config keys a user may fill with a secret by mistake
+URL_KEYS = ("base_url", "tracking_uri")  # URLs that may carry one (refused by no_credentials_in_url)  # config keys a user may fill with a secret by mistake
 
 
 def _format_errors(err: ValidationError, source: str) -> str:
@@ -847,6 +878,8 @@ def _format_errors(err: ValidationError, source: str) -> str:
             lines.append(f"  {e['msg'].removeprefix('Value error, ')}")
         elif e["loc"][-1] in SECRET_BEARING_KEYS:  # a key pasted here must not reach a log or the console
             lines.append(f"  {key}: {e['msg']} (value not shown: give the NAME of the variable that holds the key)")
+        elif e["loc"][-1] in URL_KEYS:  # its message says why, without the URL
+            lines.append(f"  {key}: {e['msg'].removeprefix('Value error, ')}")
         else:
             got = e.get("input")
             got_s = repr(got) if not isinstance(got, dict) else "a mapping"

@@ -188,9 +188,13 @@ def convert_gguf(gguf_path: str | Path, out_dir: str | Path) -> Path:
         save_hf(model, tokenizer, staging)
         check_reload(model, staging)
         staging.chmod(0o755)  # mkdtemp made it private; the model is an ordinary readable directory
-        if out_dir.exists():
-            shutil.rmtree(out_dir)
+        old = None
+        if out_dir.exists():  # moved aside whole, then deleted: a kill never leaves half a model at out_dir
+            old = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f".{out_dir.name}.", suffix=".old"))
+            os.replace(out_dir, old / out_dir.name)
         os.replace(staging, out_dir)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise

@@ -29,7 +29,9 @@ from mlflow.entities import DatasetInput, InputTag, LoggedModelOutput, LoggedMod
 from rlhf_core.artifacts import atomic_write
 
 log = logging.getLogger("rlhf")
-SECRET_KEY = re.compile(r"(api[_-]?key|token|secret|password|credential)", re.IGNORECASE)
+# a key that may name or hold a credential; "token" only as a word of the key (hf_token, access_token), so that
+# counts of tokens (max_new_tokens, max_tokens) are still logged
+SECRET_KEY = re.compile(r"(api[_-]?key|secret|password|credential|(^|[_.-])token($|[_.-]))", re.IGNORECASE)
 MAX_PARAM_LEN = 500  # MLflow's limit on a param value
 # The experiment's kind: MLflow 3 asks which kind an experiment without it is, and heads its runs "Training runs"
 EXPERIMENT_KIND, MODEL_TRAINING = "mlflow.experimentKind", "custom_model_development"

@@ -177,3 +177,9 @@ def test_malformed_tasks_and_annotations_are_quarantined():
     assert result.quarantine["reason"].tolist() == ["malformed_task", "malformed_task", "malformed_annotation",
                                                     "missing_field", "missing_field", "multiple_results"]
     assert result.annotations.empty and result.scores.empty
+
+
+@pytest.mark.parametrize("selected", [["left"], {"side": "left"}, 1, None])
+def test_a_pairwise_choice_that_is_not_a_string_is_quarantined_not_a_crash(selected):
+    annotations, quarantine = import_label_studio([_task(1, "r1", "r2", "p1", [_ann(1, 7, selected)])], RESPONSES)
+    assert annotations.empty and quarantine["reason"].tolist() == ["no_choice"]

@@ -9,6 +9,7 @@ from judge_server import COMPLETION_TOKENS, PROMPT_TOKENS, JudgeServer
 from rlhf_core.chat_completions import (
     ChatCompletionsClient,
     MalformedCompletion,
+    checked_key,
     retry_after_s,
     scrub,
     server_message,
@@ -44,6 +45,20 @@ def test_server_message_is_the_openai_error_message_else_the_body():
 def test_scrub_replaces_the_key_and_leaves_text_alone_without_one():
     assert scrub(f"you sent Bearer {KEY}", KEY) == "you sent Bearer ***"
     assert scrub("no key here", None) == "no key here"
+
+
+def test_a_key_with_a_line_break_around_it_is_sent_stripped_and_one_inside_it_is_refused_unshown():
+    """A Secret block or .env line ending in a line break: httpx would refuse the header and quote it escaped, where
+    `scrub` cannot find the key."""
+    assert checked_key(KEY + "\r\n") == KEY and checked_key(None) is None
+    with JudgeServer() as server, ChatCompletionsClient(server.base_url, "m", f" {KEY}\n") as client:
+        server.always = "hello"
+        assert client.complete([{"role": "user", "content": "hi"}]).content == "hello"
+        assert server.requests[0]["headers"]["Authorization"] == f"Bearer {KEY}"
+    for bad in (KEY[:8] + "\n" + KEY[8:], "\n", KEY + "\x7f"):
+        with pytest.raises(ValueError, match="control character") as err:
+            ChatCompletionsClient("http://127.0.0.1:1/v1", "m", bad)
+        assert KEY[:8] not in str(err.value)
 
 
 def test_a_key_cut_by_the_quoted_body_start_is_still_scrubbed():

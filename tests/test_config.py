@@ -92,3 +92,32 @@ def test_every_flow_parameter_has_a_description_in_the_ui_form():
     for flow in (rlhf_round, rlhf_rounds):
         properties = parameter_schema(flow.fn).properties
         assert properties and all(p.get("description") for p in properties.values()), flow.name
+
+
+@pytest.mark.parametrize("config, secret", [
+    ({"tracking_uri": "postgresql://mlflow:hunter2-db@db:5432/mlflow"}, "hunter2-db"),
+    ({"evaluation": {"http": {"base_url": "https://user:sk-in-url-0a1b@api.example/v1"}}}, "sk-in-url-0a1b"),
+    ({"evaluation": {"http": {"base_url": "https://api.example/v1?key=AIza-in-query"}}}, "AIza-in-query"),
+    ({"sampling": {"tagger": {"base_url": "https://api.example/v1?access_token=tok-in-query"}}}, "tok-in-query"),
+    ({"evaluation": {"http": {"api_key_env": "gsk_pastedKey0a1b2c"}}}, "gsk_pastedKey0a1b2c"),  # a Groq-shaped key
+])
+def test_a_credential_in_a_url_or_a_key_in_api_key_env_is_refused_without_showing_it(config, secret):
+    """Config values reach MLflow params, manifests and error messages: a secret must stop at the boundary."""
+    with pytest.raises(ConfigError, match="not shown") as err:
+        parse_config(config)
+    assert secret not in str(err.value)
+
+
+def test_urls_and_variable_names_without_credentials_pass():
+    cfg = parse_config({"tracking_uri": "http://127.0.0.1:5000",
+                        "evaluation": {"http": {"base_url": "http://127.0.0.1:8000/v1?api-version=2024-06-01",
+                                                "api_key_env": "AZURE_OPENAI_API_KEY"}}})
+    assert cfg.tracking_uri == "http://127.0.0.1:5000" and cfg.evaluation.http.api_key_env == "AZURE_OPENAI_API_KEY"
+
+
+def test_mlflow_params_drop_credential_keys_and_keep_token_counts():
+    from tasks.tracking import flatten_params
+
+    params = flatten_params({"generation": {"max_new_tokens": 24}, "evaluation": {"http": {
+        "max_tokens": 1024, "api_key_env": "OPENAI_API_KEY", "secret_block": "openai"}}, "hf_token": "hf_x"})
+    assert params == {"generation.max_new_tokens": "24", "evaluation.http.max_tokens": "1024"}

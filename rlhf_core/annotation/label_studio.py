@@ -204,7 +204,8 @@ def _result(annotation: dict) -> tuple[str, dict]:
 
 def _pairwise(data: dict, value: dict, prompt_id: str, known: dict[str, str]) -> str:
     a, b = text_field(data, "answer1_id"), text_field(data, "answer2_id")
-    label = {"left": "a", "right": "b"}.get(value.get("selected"))
+    selected = value.get("selected")
+    label = {"left": "a", "right": "b"}.get(selected) if isinstance(selected, str) else None  # a list is unhashable
     if label is None:
         raise Rejected("no_choice", f"pairwise selected {value.get('selected')!r}, not 'left' or 'right'")
     if a == b:

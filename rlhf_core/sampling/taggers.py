@@ -23,6 +23,7 @@ import sys
 from pathlib import Path
 
 from rlhf_core.chat_completions import ChatCompletionsClient, ChatCompletionsError, MalformedCompletion
+from rlhf_core.config import ENV_VAR_NAME
 
 PROMPT_VERSION = "instag-v1"  # part of the cache key: change it whenever SYSTEM_PROMPT changes
 SYSTEM_PROMPT = (
@@ -124,7 +125,7 @@ class TaggerError(RuntimeError):
     """The tagging endpoint failed for good (after retries, or with a non-retryable status)."""
 
 
-ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+ENV_NAME = re.compile(ENV_VAR_NAME)
 
 
 # ---------------------------------------------------------------- tagger
@@ -169,17 +170,24 @@ class LLMTagger:
     def __repr__(self) -> str:
         return (
             f"LLMTagger(base_url={self.base_url!r}, model={self.model!r}, "
-            f"api_key_env={self.api_key_env!r}, cache_path={self.cache_path!r}, "
+            f"api_key_env={self._shown_key_env()!r}, cache_path={self.cache_path!r}, "
             f"max_retries={self.max_retries}, max_tags={self.max_tags})"
         )
+
+    def _shown_key_env(self) -> str | None:
+        """api_key_env as a repr may show it: a value that is no variable name may be a pasted key."""
+        if self.api_key_env is None or ENV_NAME.fullmatch(self.api_key_env):
+            return self.api_key_env
+        return "<not a variable name: not shown>"
 
     def _api_key(self) -> str | None:
         """The key from the environment, read at call time; None when no key is used."""
         if self.api_key_env is None:
             return None
         if not ENV_NAME.fullmatch(self.api_key_env):  # a key pasted where its variable's name belongs
-            raise TaggerError("api_key_env must be the NAME of an environment variable (letters, digits, _), "
-                              "not the key itself: export the key, e.g. OPENAI_API_KEY=..., and give that name")
+            raise TaggerError("api_key_env must be the NAME of an environment variable (upper-case letters, "
+                              "digits, _), not the key itself: export the key, e.g. OPENAI_API_KEY=..., and give "
+                              "that name")
         key = os.environ.get(self.api_key_env)
         if not key:
             raise TaggerError(
