@@ -116,6 +116,35 @@ def atomic_write_text(path: str | Path, text: str) -> None:
     atomic_write(path, lambda f: f.write(text.encode("utf-8")))
 
 
+def fsync_dir(path: Path) -> None:
+    """Flush a directory's entries (a rename into it) to disk; a no-op where directories cannot be opened."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def fsync_tree(root: Path) -> None:
+    """Flush every file under `root`, and its directories, to disk: a process killed later loses nothing, but
+    only fsync makes the content outlive a power loss."""
+    for path in sorted(root.rglob("*")):
+        if path.is_file():
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        elif path.is_dir():
+            fsync_dir(path)
+    fsync_dir(root)
+
+
 class ArtifactStore:
     def __init__(self, root: str | Path):
         self.root = Path(root).resolve()
@@ -175,6 +204,7 @@ class ArtifactStore:
             created_at=time.time(),
         )
         (staged / MANIFEST).write_text(manifest.model_dump_json(indent=2))
+        fsync_tree(staged)  # on disk before the cache entry points at it, even across a power loss
         target = self.root / kind / digest
         target.parent.mkdir(parents=True, exist_ok=True)
         if not target.exists():
@@ -183,6 +213,7 @@ class ArtifactStore:
             except OSError:
                 if not target.exists():  # lost a race to an identical artifact otherwise
                     raise
+            fsync_dir(target.parent)  # the rename itself
         ref = ArtifactRef(kind=kind, digest=digest, path=str(target))
         atomic_write_text(self.root / "cache" / f"{cache_key}.json", ref.model_dump_json())
         return ref

@@ -100,3 +100,26 @@ def test_empty_artifact_refused(tmp_path):
     store = ArtifactStore(tmp_path)
     with store.staging() as staged, pytest.raises(ValueError, match="empty"):
         _commit(store, staged)
+
+
+def test_every_file_of_an_artifact_is_on_disk_before_its_cache_entry(tmp_path, monkeypatch):
+    """A power loss after the commit must not leave a cache entry pointing at files the kernel never wrote."""
+    import rlhf_core.artifacts as artifacts
+
+    events = []
+    real_fsync = os.fsync
+
+    def fsync(fd):
+        events.append(os.path.basename(os.readlink(f"/proc/self/fd/{fd}")))
+        real_fsync(fd)
+
+    monkeypatch.setattr(artifacts.os, "fsync", fsync)
+    staged = tmp_path / "staged"
+    (staged / "sub").mkdir(parents=True)
+    (staged / "table.parquet").write_bytes(b"rows")
+    (staged / "sub" / "weights.bin").write_bytes(b"w")
+    ref = _commit(ArtifactStore(tmp_path / "store"), staged, key="k-fsync")
+    entry = next(i for i, name in enumerate(events) if name.startswith(".k-fsync.json."))  # the cache entry's temp
+    assert {"table.parquet", "weights.bin", "manifest.json", "sub"} <= set(events[:entry])
+    assert events.index("prompts") < entry  # the kind's directory, after the artifact was renamed into it
+    assert ref.kind == "prompts"
