@@ -164,6 +164,11 @@ def run_worker(module: str, args: list[str], num_processes: int, log_path: Path,
             raise
         finally:
             reader.join(timeout=grace_seconds)
+        if code != 0:  # the launcher itself may have died (OOM-killed): its ranks live on in their own sessions
+            stop_group(proc, tag, grace_seconds)
+    if reader.copy_error is not None:
+        logger.warning("%s: copying the group's lines stopped at %r; %s is incomplete", name, reader.copy_error,
+                       log_path)
     if code != 0:
         raise WorkerError(failure_message(module, num_processes, code, log_path))
 
@@ -195,13 +200,19 @@ class _LineReader(threading.Thread):
         super().__init__(daemon=True)
         self.stream, self.log, self.logger, self.name_ = stream, log, logger, name
         self.finished = False  # a plain attribute: the launcher polls it without taking a lock
+        self.copy_error: Exception | None = None  # why copying stopped (a full disk), if it did
 
     def run(self) -> None:
         try:
             for line in self.stream:
-                self.log.write(line)
-                self.log.flush()
-                self.logger.info("%s: %s", self.name_, line.rstrip())
+                if self.copy_error is not None:
+                    continue  # keep draining the pipe: a group blocked writing to it would never exit
+                try:
+                    self.log.write(line)
+                    self.log.flush()
+                    self.logger.info("%s: %s", self.name_, line.rstrip())
+                except Exception as e:
+                    self.copy_error = e
         finally:
             self.finished = True  # end of output: the group's leader has closed it (exited)
 

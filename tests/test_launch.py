@@ -78,6 +78,41 @@ def test_sigterm_to_the_launching_process_kills_the_whole_group(tmp_path):
     assert stopped_in < 10  # 1 s of grace, then SIGKILL: the ranks ignored the SIGTERM
 
 
+def test_a_launcher_that_dies_on_its_own_takes_its_ranks_with_it(tmp_path):
+    """The accelerate process OOM-killed: its ranks run in their own sessions and would keep their GPUs."""
+    log, raised = tmp_path / "worker.log", []
+    thread = threading.Thread(target=lambda: raised.append(pytest.raises(
+        WorkerError, run_worker, PROBE, STUCK, 2, log, grace_seconds=1.0)))
+    thread.start()
+    try:
+        wait_for(lambda: log.exists() and len(group_pids(log.read_text())) == 3)  # 2 ranks + their agent
+        pids = group_pids(log.read_text())
+        agent = int(re.search(r"ppid (\d+)", log.read_text())[1])
+        os.kill(agent, signal.SIGKILL)
+        thread.join(timeout=30)
+        assert not thread.is_alive() and "the launcher exited -9" in str(raised[0].value)
+        assert not [pid for pid in pids if alive(pid)]
+    finally:
+        if thread.is_alive() or any(alive(pid) for pid in group_pids(log.read_text())):
+            for pid in group_pids(log.read_text()):
+                if alive(pid):
+                    os.kill(pid, signal.SIGKILL)
+
+
+def test_ranks_with_unequal_work_wait_for_each_other_past_the_groups_timeout(tmp_path, monkeypatch):
+    """Voter k on rank k mod N, shard k on rank k mod N: a rank with less to do waits in the final barrier longer
+    than the process group's timeout (NCCL 10 min) allows. Here the group times out after 10 s and rank 0 works
+    20 s longer than rank 1."""
+    monkeypatch.setenv("RLHF_DIST_TIMEOUT_S", "10")
+    uneven = ["--join-ranks", "--sleep", "20", "--out", str(tmp_path)]
+    run_worker(PROBE, uneven, 2, tmp_path / "worker.log")
+    assert (tmp_path / "world_size.txt").read_text() == "2\n"
+    assert "rank 1 done" in (tmp_path / "worker.log").read_text()
+    # the control: the group's own barrier does time out, so the wait above outlasted a real timeout
+    with pytest.raises(WorkerError, match="rank 1 exited"):
+        run_worker(PROBE, [*uneven, "--plain-wait"], 2, tmp_path / "plain.log")
+
+
 class SlowSwallowingLines(Lines):
     """Like Prefect's console handler: an exception inside emit goes to handleError and is swallowed.
     Holds the emit of the group's third line (both ranks and their agent are up by then) for 2 s."""

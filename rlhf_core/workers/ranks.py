@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import os
+from datetime import timedelta
 from pathlib import Path
 
 import torch
@@ -12,6 +13,14 @@ from accelerate import Accelerator
 from accelerate.utils import InitProcessGroupKwargs
 
 from rlhf_core.artifacts import atomic_write_text
+
+# How long a rank that has finished its share waits for the others at the end. Ranks do unequal work (voter k on rank
+# k mod N, generation shard k on rank k mod N, fewer still after a resume), and the process group's own timeout
+# (NCCL 10 min, gloo 30 min) would fail a rank that waits longer than that in the final barrier. So the final wait
+# is a barrier of its own gloo group with this timeout; the collectives of the work keep the group's timeout
+# (RLHF_DIST_TIMEOUT_S sets it, in seconds; unset = torch's default), so a real hang still fails.
+FINISH_TIMEOUT = timedelta(days=7)
+_finish_group = None  # that gloo group, made by start_ranks when there is more than one rank
 
 
 def start_ranks() -> Accelerator:
@@ -21,11 +30,18 @@ def start_ranks() -> Accelerator:
     takes cores / world size threads (RLHF_TORCH_THREADS overrides). RLHF_DIST_BACKEND (set by the
     launcher for DeepSpeed without a GPU) names the process group's backend.
     """
+    global _finish_group
+    group = {}
+    if os.environ.get("RLHF_DIST_TIMEOUT_S"):
+        group["timeout"] = timedelta(seconds=float(os.environ["RLHF_DIST_TIMEOUT_S"]))
     backend = os.environ.get("RLHF_DIST_BACKEND")
     if backend:  # DeepSpeed on CPU: it cannot take cpu=True, and without gloo its batch-size check fails
-        accelerator = Accelerator(kwargs_handlers=[InitProcessGroupKwargs(backend=backend)])
+        accelerator = Accelerator(kwargs_handlers=[InitProcessGroupKwargs(backend=backend, **group)])
     else:
-        accelerator = Accelerator(cpu=not torch.cuda.is_available())
+        accelerator = Accelerator(cpu=not torch.cuda.is_available(),
+                                  kwargs_handlers=[InitProcessGroupKwargs(**group)] if group else None)
+    if accelerator.num_processes > 1:  # every rank makes it, at the same point (new_group is collective)
+        _finish_group = torch.distributed.new_group(backend="gloo", timeout=FINISH_TIMEOUT)
     threads = int(os.environ.get("RLHF_TORCH_THREADS", "0")) or max(1, (os.cpu_count() or 1)
                                                                    // accelerator.num_processes)
     torch.set_num_threads(threads)
@@ -42,9 +58,13 @@ def worker_parser(description: str, config_help: str) -> argparse.ArgumentParser
 
 
 def finish_ranks(accelerator: Accelerator, out_dir: str | Path) -> None:
-    """Wait for every rank; the main process then writes out_dir/world_size.txt (so the task can tell
-    a real group from lone processes); then leave the process group cleanly."""
-    accelerator.wait_for_everyone()
+    """Wait for every rank (as long as FINISH_TIMEOUT: the others may still have work); the main process then
+    writes out_dir/world_size.txt (so the task can tell a real group from lone processes); then leave the process
+    group cleanly."""
+    if _finish_group is not None:
+        torch.distributed.barrier(group=_finish_group)
+    else:
+        accelerator.wait_for_everyone()
     if accelerator.is_main_process:
         atomic_write_text(Path(out_dir) / "world_size.txt", f"{accelerator.num_processes}\n")
     accelerator.end_training()
