@@ -53,6 +53,7 @@ DEFAULTS = {
     "reward_backbone_depth": ["--layers", "4"],  # the run docs/reward-modelling.md quotes
     "reward_data_budget": [],
     "metarm_shift": [],
+    "iterated_rounds": [],
     "ppo_max": [],
     "hh_rlhf_voting": ["--pairs", str(HH_PAIRS)],
     "hh_rlhf_trained_trunk": ["--pairs", str(HH_PAIRS)],
@@ -104,6 +105,7 @@ def smoke_argv(name: str, out: Path) -> list[str]:
                                "--out", str(own / "reward-data-budget.md")],
         "metarm_shift": [*seed0_round, "--etas", "0.1", "--eval-samples", "2", "--out", str(own / "metarm-shift.md")],
         "ppo_max": [*seed0_round, "--runs", *SMOKE_PPO_RUNS, "--out", str(own / "ppo-max-benchmark.md")],
+        "iterated_rounds": [*seed0_round, "--out", str(own / "iterated-rounds.md")],  # round 2 after the shared one
         "hh_rlhf_voting": ["--pairs", hh, "--seeds", "0", "--steps", "20", "--out", str(own / "hh-rlhf-voting.md")],
         "hh_rlhf_trained_trunk": ["--pairs", hh, "--seeds", "0", "--work-dir", str(own),
                                   "--out", str(own / "hh-rlhf-trained-trunk.md")],

@@ -793,3 +793,20 @@ def test_stage_scaling_times_and_memory_per_stage(out):
     text = (folder / "benchmarks.md").read_text()
     assert text.count(stage_scaling.SECTION_START) == 1
     assert {r[0] for r in table(text, "| stage | 1x s | 2x s |")} == ROUND_STAGES
+
+
+@pytest.mark.slow  # a second miniature round after the shared one (about a minute on 2 cores); last, as it promotes
+def test_iterated_rounds_reports_each_round_with_the_pairs_accumulated(shared_round):
+    folder = run("iterated_rounds", shared_round)
+    (result,) = result_and_figure(folder / "iterated-rounds.md")
+    assert [r["round_no"] for r in result["rounds"]] == [1, 2]
+    first, second = (r["headline"] for r in result["rounds"])
+    assert second["pairs accumulated over rounds"] == first["pairs in total"] + second["pairs in total"]
+    assert first.get("judged win rate vs the round before") is None
+    assert 0 <= second["judged win rate vs the round before"] <= 1
+    text = (folder / "iterated-rounds.md").read_text()
+    rows = {r[0]: r[1:] for r in table(text, "| | round 1 | round 2 |")}
+    assert rows["pairs in total"] == [f"{first['pairs in total']:.0f}", f"{second['pairs in total']:.0f}"]
+    assert rows["judged win rate vs the round before"][0] == "n/a"
+    assert rows["gold score, new policy"][1] == f"{second['gold score, new policy']:.3f}"
+    kept_and_read_back("iterated_rounds", shared_round, [folder / "rounds2" / "seed0.json"])
