@@ -110,7 +110,8 @@ def group_processes(tag: str) -> list[int]:
 
 
 def stop_group(proc: subprocess.Popen, tag: str, grace_seconds: float) -> None:
-    """SIGTERM to every process of the group, SIGKILL to what is left after `grace_seconds`."""
+    """SIGTERM to every process of the group, SIGKILL to what is left after `grace_seconds`; returns once the
+    group is gone (or another `grace_seconds` have passed)."""
     _signal_all(group_processes(tag), signal.SIGTERM)
     deadline = time.monotonic() + grace_seconds
     while time.monotonic() < deadline and group_processes(tag):
@@ -118,6 +119,9 @@ def stop_group(proc: subprocess.Popen, tag: str, grace_seconds: float) -> None:
         time.sleep(0.05)
     _signal_all(group_processes(tag), signal.SIGKILL)
     proc.wait()
+    deadline = time.monotonic() + grace_seconds  # a SIGKILL is delivered, not done: return once they are gone
+    while time.monotonic() < deadline and group_processes(tag):
+        time.sleep(0.05)
 
 
 def _signal_all(pids: list[int], sig: signal.Signals) -> None:
