@@ -139,6 +139,19 @@ def _publish_headline(markdown: str, round_name: str, baseline_name: str = "sft"
     create_markdown_artifact(markdown=markdown, key=key, description=f"new policy vs {baseline_name}: win / tie / lose")
 
 
+def stage_config(cfg: EvalConfig, reward_train: RewardTrainConfig, seed: int, prompts) -> tuple[dict, dict]:
+    """(what the evaluation stage's cache key holds, its execution settings kept out of the key)."""
+    evaluation = cfg.model_dump()
+    execution = {"http": {k: evaluation["http"].pop(k) for k in HTTP_EXECUTION_KEYS},
+                 "prompt_source": evaluation.pop("prompt_source")}  # where the files are read, not what they hold
+    config = {"evaluation": evaluation, "reward_max_length": reward_train.max_length, "seed": seed}
+    if cfg.judge == "local":  # the weights, not the path: new weights at the same path must judge again
+        config["local_judge_digest"] = content_digest(Path(cfg.local.model_path))[0]
+    if prompts is not None:
+        config["prompts_digest"] = config_digest({c: prompts[c].tolist() for c in ("prompt_id", "prompt")})
+    return config, execution
+
+
 @task(name="evaluate", version=VERSION, cache_policy=NO_CACHE)
 def evaluate(ctx: RunContext, cfg: EvalConfig, candidate: ArtifactRef, baseline: ArtifactRef,
              reward_model: ArtifactRef, world: ArtifactRef, reward_train: RewardTrainConfig, seed: int,
@@ -187,12 +200,7 @@ def evaluate(ctx: RunContext, cfg: EvalConfig, candidate: ArtifactRef, baseline:
                        "win_tie_lose.png")
         return {f"eval/{k}": v for k, v in metrics.items()}
 
-    evaluation = cfg.model_dump()
-    execution = {"http": {k: evaluation["http"].pop(k) for k in HTTP_EXECUTION_KEYS},
-                 "prompt_source": evaluation.pop("prompt_source")}  # where the files are read, not what they hold
-    config = {"evaluation": evaluation, "reward_max_length": reward_train.max_length, "seed": seed}
-    if prompts is not None:
-        config["prompts_digest"] = config_digest({c: prompts[c].tolist() for c in ("prompt_id", "prompt")})
+    config, execution = stage_config(cfg, reward_train, seed, prompts)
     stage = "evaluate" if baseline_name == "sft" else f"evaluate_vs_{baseline_name}"
     ref = run_stage(ctx, stage=stage, version=VERSION, kind="judgements", config=config,
                     inputs={"candidate": candidate, "baseline": baseline, "reward_model": reward_model,

@@ -8,9 +8,9 @@ from pathlib import Path
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from rlhf_core.artifacts import ArtifactRef
+from rlhf_core.artifacts import ArtifactRef, content_digest
 from rlhf_core.config import SamplingConfig
-from rlhf_core.sampling.stage import run_sampling, tag_vocabulary
+from rlhf_core.sampling.stage import needs_encoder, run_sampling, tag_vocabulary
 from rlhf_core.schemas import read_table, write_table
 from tasks.common import RunContext, StageRun, run_stage
 from tasks.plots import tag_histogram
@@ -32,9 +32,19 @@ def sample_prompts(ctx: RunContext, cfg: SamplingConfig, prompts: ArtifactRef, s
                        "tag_frequency_normalisation.png")
         return {f"sampling/{k}": float(v) for k, v in result.report.items()}
 
+    return run_stage(ctx, stage="sample", version=VERSION, kind="sampled_prompts", config=stage_config(cfg, seed),
+                     inputs={"prompts": prompts}, produce=produce)
+
+
+def stage_config(cfg: SamplingConfig, seed: int) -> dict:
+    """What the sampling stage's cache key holds: the config, and the content of the files it names."""
     config = {"sampling": cfg.model_dump(), "seed": seed}
     if cfg.tagger.source == "embedding" and cfg.tagger.vocabulary_file:  # the file's content, not its name, is input
         vocabulary = "\n".join(tag_vocabulary(cfg.tagger))
         config["tagger_vocabulary_sha256"] = hashlib.sha256(vocabulary.encode()).hexdigest()
-    return run_stage(ctx, stage="sample", version=VERSION, kind="sampled_prompts", config=config,
-                     inputs={"prompts": prompts}, produce=produce)
+    if needs_encoder(cfg):  # the encoder's weights (the MiniLM package's, or model_path's), not their path
+        from rlhf_core.sampling.embedding import default_model_path
+
+        encoder = Path(cfg.tagger.model_path) if cfg.tagger.model_path else default_model_path()
+        config["encoder_digest"] = content_digest(encoder)[0]
+    return config

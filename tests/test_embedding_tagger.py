@@ -101,6 +101,20 @@ def test_tagger_threshold_top_k_and_order():
     # p: cos a 0.83, b 0.55, c 0.03 -> a, b; q: a = b = 0.71, tie kept in vocabulary order (b before a); r: none
     assert tagger.tag(["p", "q", "r"]) == [["a", "b"], ["b", "a"], []]
     assert EmbeddingTagger(["c", "b", "a"], fake_encoder(vectors), threshold=0.5, max_tags=1).tag(["p"]) == [["a"]]
+    # tied at the cut: the first in the vocabulary is kept, whichever order a partial sort would leave
+    tied = {t: [1.0, 0.0] for t in "wxyz"} | {"s": [1.0, 0.0]}
+    assert EmbeddingTagger(list("zyxw"), fake_encoder(tied), threshold=0.5, max_tags=2).tag(["s"]) == [["z", "y"]]
+
+
+def test_the_sampling_stage_key_holds_the_encoders_weights_only_when_an_encoder_is_used(minilm):
+    from rlhf_core.artifacts import content_digest
+    from rlhf_core.config import SamplingConfig
+    from rlhf_core.sampling.embedding import default_model_path
+    from tasks.sampling import stage_config
+
+    assert "encoder_digest" not in stage_config(SamplingConfig(), 0)  # tags from the data: no encoder
+    embedding = stage_config(SamplingConfig(tagger={"source": "embedding", "vocabulary": ["math", "poetry"]}), 0)
+    assert embedding["encoder_digest"] == content_digest(default_model_path())[0]
 
 
 def test_leader_merge_follows_frequency_and_does_not_chain():

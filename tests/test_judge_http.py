@@ -106,6 +106,11 @@ def test_the_cache_makes_a_second_run_send_no_request(server, tmp_path):
     judge_pairs(other_criteria, PAIRS[:1])
     assert len(server.requests) == 8  # the criteria are part of the key
 
+    cut_short = make_judge(server, max_tokens=16, cache=JudgementCache(tmp_path / "judgements.sqlite"))
+    judge_pairs(cut_short, PAIRS[:1])
+    assert len(server.requests) == 10  # a reply limit other than the default is part of the key
+    assert make_judge(server, max_tokens=1024).key_model() == "gpt-4"  # the default adds nothing: old keys hold
+
 
 def test_a_judge_that_always_prefers_the_first_answer_yields_only_ties(server):
     server.always = "Assistant A is clearly better. [[A]]"
@@ -121,5 +126,8 @@ def test_verdict_parsing_strict_then_fallbacks():
     assert (conflict.outcome, conflict.status, conflict.reason) == ("tie", "unparsed", "conflicting verdicts [[A]], [[B]]")
     assert (parse_verdict("Final verdict: [B]").outcome, parse_verdict("Final verdict: [B]").status) == ("second", "fallback")
     assert parse_verdict("Final verdict: **Assistant A**").outcome == "first"
-    assert parse_verdict("My verdict is a tie").status == "unparsed"  # "a" is not assistant A
+    for tie in ("My verdict is a tie", "Final verdict: A tie.", "Verdict: A tie - both equally correct",
+                "Verdict: a draw"):  # "a" / "A" is the article, not assistant A
+        assert (parse_verdict(tie).outcome, parse_verdict(tie).status) == ("tie", "fallback"), tie
+    assert parse_verdict("Verdict: A is better").outcome == "first"
     assert parse_verdict("").reason == "no verdict found in the reply: '<empty reply>'"

@@ -48,3 +48,18 @@ def test_the_evaluate_task_builds_the_local_judge_from_config(model_dir, tmp_pat
     assert isinstance(judge, LocalJudge) and judge.cache.path == tmp_path / "cache" / "judgements.sqlite"
     with pytest.raises(FileNotFoundError, match="no config.json"):
         LocalJudge(tmp_path, "x", "pairwise-v1")
+
+
+def test_the_evaluation_stage_key_holds_the_local_judges_weights_not_only_their_path(model_dir, tmp_path):
+    from rlhf_core.config import RewardTrainConfig
+    from tasks.evaluation import stage_config
+
+    judge_dir = tmp_path / "judge"
+    tokenizer = models.build_tokenizer()
+    models.save_hf(models.build_policy(TINY, tokenizer, seed=0), tokenizer, judge_dir)
+    cfg = EvalConfig(judge="local", local=LocalJudgeConfig(model_path=str(judge_dir)))
+    before, _ = stage_config(cfg, RewardTrainConfig(), 0, None)
+    models.save_hf(models.build_policy(TINY, tokenizer, seed=1), tokenizer, judge_dir)  # new weights, same path
+    after, _ = stage_config(cfg, RewardTrainConfig(), 0, None)
+    assert before["evaluation"] == after["evaluation"] and before["local_judge_digest"] != after["local_judge_digest"]
+    assert "local_judge_digest" not in stage_config(EvalConfig(), RewardTrainConfig(), 0, None)[0]  # the oracle

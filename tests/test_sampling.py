@@ -124,6 +124,11 @@ def test_duplicate_prompts_removed_keeping_the_smallest_prompt_id():
                          "prompt": ["What is 7+8?", "what  is 7+8", "What is 7-8?", "WHAT IS 7+8 ?!", "Hi"]})
     kept, n_removed = drop_duplicate_prompts(pool)
     assert n_removed == 2 and kept["prompt_id"].tolist() == ["a", "c", "e"]  # "+" and "-" stay apart
+    # brackets, decimal marks, ratios and factorials are meaning, not prose; sentence punctuation is prose
+    apart = ["What is (2+3) * 4?", "What is 2+3 * 4?", "What is 5! + 1?", "What is 5 + 1?", "1.5 + 2", "1,5 + 2",
+             "15 + 2", "Ratio 3:4", "Ratio 34"]
+    assert len({normalize_text(t) for t in apart}) == len(apart)
+    assert normalize_text("What is 1.5 + 2? Answer: quickly.") == normalize_text("what is 1.5 + 2 answer quickly")
     out, report = select_prompts(pool, budget=5, seed=0, drop_duplicates=True)
     assert report["n_duplicates_removed"] == 2 and len(out) == 3 and report["budget_met"] == 0.0
 

@@ -107,6 +107,12 @@ def test_second_instance_reads_cache_and_makes_no_calls(server, tmp_path, key):
     assert server.requests == len(PROMPTS)
 
 
+def test_max_tags_applies_to_cached_prompts_lowered_and_raised(server, tmp_path, key):
+    assert _tagger(server, tmp_path, max_tags=1).tag(PROMPTS) == [tags[:1] for tags in EXPECTED]
+    raised = _tagger(server, tmp_path, max_tags=8)
+    assert raised.tag(PROMPTS) == EXPECTED and raised.calls == 0  # the cache kept the tags the limit cut
+
+
 def test_503_twice_then_success_is_retried(server, tmp_path, key):
     server.fail_first = 2
     tagger = _tagger(server, tmp_path)

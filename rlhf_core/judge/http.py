@@ -12,8 +12,11 @@
 from __future__ import annotations
 
 from rlhf_core.chat_completions import ChatCompletionsClient, ChatCompletionsError, MalformedCompletion
+from rlhf_core.config import HTTPJudgeConfig
 from rlhf_core.judge.cache import JudgementCache
-from rlhf_core.judge.llm import LLMJudge, MalformedReply
+from rlhf_core.judge.llm import LLMJudge, MalformedReply, limits_key
+
+HTTP_REPLY_DEFAULTS = {"max_tokens": HTTPJudgeConfig.model_fields["max_tokens"].default}
 
 
 class JudgeError(RuntimeError):
@@ -25,7 +28,7 @@ class HTTPJudge(LLMJudge):
 
     def __init__(self, base_url: str, model: str, criteria: str, template_version: str, *,
                  api_key: str | None = None, cache: JudgementCache | None = None, timeout_s: float = 60.0,
-                 max_retries: int = 4, backoff_s: float = 1.0, max_tokens: int = 1024,
+                 max_retries: int = 4, backoff_s: float = 1.0, max_tokens: int = HTTP_REPLY_DEFAULTS["max_tokens"],
                  price_input_per_1k: float = 0.0, price_output_per_1k: float = 0.0,
                  grading_criteria: str | None = None, grading_template_version: str = "single-v1"):
         super().__init__(model, criteria, template_version, cache, grading_criteria, grading_template_version)
@@ -33,6 +36,7 @@ class HTTPJudge(LLMJudge):
                                            backoff_s=backoff_s, count=self.count)
         self.url = self._chat.url
         self.max_tokens = max_tokens
+        self.reply_limits = limits_key({"max_tokens": max_tokens}, HTTP_REPLY_DEFAULTS)
         self.prices = (price_input_per_1k, price_output_per_1k)
 
     def __repr__(self) -> str:

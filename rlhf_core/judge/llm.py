@@ -18,6 +18,11 @@ from rlhf_core.judge.protocol import Judgement
 T = TypeVar("T", Judgement, Grade)
 
 
+def limits_key(limits: dict[str, int], defaults: dict[str, int]) -> str:
+    """'name=value,...' of the limits that differ from their defaults ('' when none does)."""
+    return ",".join(f"{k}={v}" for k, v in sorted(limits.items()) if v != defaults[k])
+
+
 class MalformedReply(ValueError):
     """The backend answered, but with no reply text to parse (recorded as an unparsed judgement)."""
 
@@ -39,6 +44,13 @@ class LLMJudge:
         self.grading_template_version = grading_template_version
         self.usage: Counter[str] = Counter()
         self._usage_lock = threading.Lock()
+        self.reply_limits = ""  # a subclass's limits that differ from its defaults (`limits_key`): cached apart
+
+    def key_model(self) -> str:
+        """The model as the cache keys see it: with the reply limits where they are not the defaults, since a reply
+        cut short is a different (often unparsed) judgement. The defaults add nothing, so caches written before the
+        limits were keyed still serve them."""
+        return f"{self.model}|{self.reply_limits}" if self.reply_limits else self.model
 
     def _complete(self, messages: list[dict[str, str]]) -> str:
         raise NotImplementedError
@@ -49,7 +61,8 @@ class LLMJudge:
 
     def judgement(self, prompt: str, first: str, second: str) -> Judgement:
         """The cached judgement of (prompt, first, second) in this order, else a fresh one (then cached)."""
-        key = judgement_key(self.kind, self.model, self.template_version, self.criteria, prompt, first, second)
+        key = judgement_key(self.kind, self.key_model(), self.template_version, self.criteria, prompt, first,
+                            second)
         cached = self.cache.get(key) if self.cache is not None else None
         if cached is not None:
             self.count(cache_hits=1)
@@ -64,7 +77,8 @@ class LLMJudge:
         """The cached 1-10 grade of `answer` alone, else a fresh one (then cached); NaN when unparsed."""
         if self.grading_criteria is None:
             raise ValueError(f"{type(self).__name__} was built without grading_criteria: it cannot grade")
-        key = grade_key(self.kind, self.model, self.grading_template_version, self.grading_criteria, prompt, answer)
+        key = grade_key(self.kind, self.key_model(), self.grading_template_version, self.grading_criteria, prompt,
+                        answer)
         cached = self.cache.get_grade(key) if self.cache is not None else None
         if cached is not None:
             self.count(cache_hits=1)

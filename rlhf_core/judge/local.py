@@ -13,15 +13,20 @@ from pathlib import Path
 import torch
 
 from rlhf_core.artifacts import content_digest
+from rlhf_core.config import LocalJudgeConfig
 from rlhf_core.judge.cache import JudgementCache
-from rlhf_core.judge.llm import LLMJudge
+from rlhf_core.judge.llm import LLMJudge, limits_key
+
+LOCAL_REPLY_DEFAULTS = {k: LocalJudgeConfig.model_fields[k].default for k in ("max_new_tokens", "max_input_tokens")}
 
 
 class LocalJudge(LLMJudge):
     kind = "local"
 
     def __init__(self, model_path: str | Path, criteria: str, template_version: str, *,
-                 cache: JudgementCache | None = None, max_new_tokens: int = 256, max_input_tokens: int = 2048,
+                 cache: JudgementCache | None = None,
+                 max_new_tokens: int = LOCAL_REPLY_DEFAULTS["max_new_tokens"],
+                 max_input_tokens: int = LOCAL_REPLY_DEFAULTS["max_input_tokens"],
                  grading_criteria: str | None = None, grading_template_version: str = "single-v1"):
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -34,6 +39,8 @@ class LocalJudge(LLMJudge):
         self.tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
         self.lm = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32, local_files_only=True).eval()
         self.max_new_tokens, self.max_input_tokens = max_new_tokens, max_input_tokens
+        self.reply_limits = limits_key({"max_new_tokens": max_new_tokens, "max_input_tokens": max_input_tokens},
+                                       LOCAL_REPLY_DEFAULTS)
         self._generate_lock = threading.Lock()  # one forward pass at a time: the model is shared
 
     def prompt_text(self, messages: list[dict[str, str]]) -> str:

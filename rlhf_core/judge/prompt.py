@@ -74,9 +74,11 @@ _OUTCOME = {"A": "first", "B": "second", "C": "tie"}
 _STRICT = re.compile(r"\[\[\s*([ABC])\s*\]\]", re.IGNORECASE)
 _FALLBACKS = (  # (pattern, what it is): looser forms judges write when they drift from the format
     (re.compile(r"(?<!\[)\[\s*([ABC])\s*\](?!\])"), "single-bracket verdict [X]"),
-    # the letter itself is upper case only, so "my verdict is a tie" does not read as assistant A
-    (re.compile(r"(?i:verdict)\s*(?:is)?\s*[:\-]?\s*\**\s*(?i:assistant\s+)?([ABC])\b"),
+    # the letter itself is upper case only, so "my verdict is a tie" does not read as assistant A, and it is not
+    # the article of "A tie" / "A draw"
+    (re.compile(r"(?i:verdict)\s*(?:is)?\s*[:\-]?\s*\**\s*(?i:assistant\s+)?([ABC])\b(?!\s*(?i:tie|draw)\b)"),
      "'verdict: X' line"),
+    (re.compile(r"(?i:verdict)\s*(?:is)?\s*[:\-]?\s*\**\s*(?i:an?\s+)?(?i:(tie|draw))\b"), "'verdict: tie' line"),
 )
 
 
@@ -92,7 +94,8 @@ def parse_verdict(reply: str) -> ParsedVerdict:
     for pattern, form in _FALLBACKS:
         found = pattern.findall(reply)
         if found:
-            return ParsedVerdict(_OUTCOME[found[-1].upper()], "fallback", f"no [[X]] verdict; read the {form}")
+            return ParsedVerdict(_OUTCOME.get(found[-1].upper(), "tie"), "fallback",
+                                 f"no [[X]] verdict; read the {form}")
     shown = reply.strip()[:80] or "<empty reply>"
     return ParsedVerdict("tie", "unparsed", f"no verdict found in the reply: {shown!r}")
 

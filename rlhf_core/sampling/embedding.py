@@ -128,10 +128,9 @@ class EmbeddingTagger:
 
     def _top_tags(self, similarity: np.ndarray, k: int) -> list[list[str]]:
         """Per row of similarity (B, T): the k best tags at or above the threshold, best first."""
-        top = np.argpartition(-similarity, k - 1, axis=1)[:, :k]  # (B, k), unordered
+        # a stable sort, not argpartition: among tags tied at the k-th place the first in the vocabulary is kept
+        top = np.argsort(-similarity, axis=1, kind="stable")[:, :k]  # (B, k): by similarity, then vocabulary order
         top_sim = np.take_along_axis(similarity, top, axis=1)
-        rank = np.lexsort((top, -top_sim), axis=1)  # by similarity, then vocabulary order
-        top, top_sim = np.take_along_axis(top, rank, axis=1), np.take_along_axis(top_sim, rank, axis=1)
         return [[self.vocabulary[j] for j, s in zip(row, sims) if s >= self.threshold]
                 for row, sims in zip(top.tolist(), top_sim.tolist())]
 

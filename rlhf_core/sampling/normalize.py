@@ -26,8 +26,9 @@ import pandas as pd
 TextEncoder = Callable[[list[str]], np.ndarray]  # texts -> (N, D) embeddings
 
 _SEPARATORS = re.compile(r"[\W_]+")  # any run of punctuation, whitespace, underscore or hyphen
-# Prose punctuation only: symbols that change a prompt's meaning ("7+8" vs "7-8") are kept.
-_PROSE_PUNCTUATION = re.compile(r"[.,;:!?'\"`()\[\]{}]+")
+# Prose punctuation only: symbols that change a prompt's meaning are kept: operators ("7+8" vs "7-8"), brackets
+# ("(2+3)*4" vs "2+3*4"), and "." "," ":" between digits ("1.5", "3:4") or "!" after one ("5!", a factorial).
+_PROSE_PUNCTUATION = re.compile(r"[.,;:!?'\"`]")
 _WHITESPACE = re.compile(r"\s+")
 
 
@@ -142,7 +143,15 @@ def normalize_tags(
 
 def normalize_text(text: str) -> str:
     """Duplicate-detection key of a prompt: lower-case, prose punctuation removed, whitespace collapsed."""
-    return _WHITESPACE.sub(" ", _PROSE_PUNCTUATION.sub(" ", str(text).lower())).strip()
+    text = str(text).lower()
+
+    def prose_or_kept(match: re.Match) -> str:
+        i, mark = match.start(), match.group()
+        after_digit = i > 0 and text[i - 1].isdigit()
+        before_digit = i + 1 < len(text) and text[i + 1].isdigit()
+        return mark if after_digit and (mark == "!" or (mark in ".,:" and before_digit)) else " "
+
+    return _WHITESPACE.sub(" ", _PROSE_PUNCTUATION.sub(prose_or_kept, text)).strip()
 
 
 def drop_duplicate_prompts(prompts: pd.DataFrame) -> tuple[pd.DataFrame, int]:

@@ -34,6 +34,9 @@ SYSTEM_PROMPT = (
     'Answer with a JSON object only: {"tags": ["tag one", "tag two"]}'
 )
 MAX_TAG_CHARS = 64  # longer "tags" are sentences the model wrote, not tags
+# The cache keeps up to this many of a prompt's tags and `max_tags` trims on reading, so a changed max_tags applies
+# to cached prompts too (the prompt to the model does not depend on it, so the key does not either)
+CACHED_MAX_TAGS = 32
 
 _FENCE = re.compile(r"```(?:json)?\s*(.*?)```", re.DOTALL | re.IGNORECASE)
 
@@ -232,7 +235,7 @@ class LLMTagger:
             if attempt:
                 self.retries += 1
             try:  # the client scrubbed the key from the answer these errors quote
-                return parse_tags(self._post(client, prompt), self.max_tags)
+                return parse_tags(self._post(client, prompt), CACHED_MAX_TAGS)
             except ValueError:
                 if attempt:
                     raise
@@ -252,4 +255,4 @@ class LLMTagger:
                     self._append_cache(k, self._tag_one(client, prompt))
                     if progress:
                         print(f"tagged {i}/{len(misses)} prompts", file=sys.stderr)
-        return [list(self._cache[k]) for k in keys]
+        return [list(self._cache[k])[:self.max_tags] for k in keys]
