@@ -101,9 +101,11 @@ def test_tagger_threshold_top_k_and_order():
     # p: cos a 0.83, b 0.55, c 0.03 -> a, b; q: a = b = 0.71, tie kept in vocabulary order (b before a); r: none
     assert tagger.tag(["p", "q", "r"]) == [["a", "b"], ["b", "a"], []]
     assert EmbeddingTagger(["c", "b", "a"], fake_encoder(vectors), threshold=0.5, max_tags=1).tag(["p"]) == [["a"]]
-    # tied at the cut: the first in the vocabulary is kept, whichever order a partial sort would leave
-    tied = {t: [1.0, 0.0] for t in "wxyz"} | {"s": [1.0, 0.0]}
-    assert EmbeddingTagger(list("zyxw"), fake_encoder(tied), threshold=0.5, max_tags=2).tag(["s"]) == [["z", "y"]]
+    # tied at the cut: the first in the vocabulary is kept (a partial sort, argpartition, kept t3 and t4 here)
+    vocabulary = [f"t{i}" for i in range(10)]
+    tagger = EmbeddingTagger(vocabulary, fake_encoder({t: [1.0, 0.0] for t in vocabulary}), threshold=0.0)
+    similarity = np.array([[0.5, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 1.0, 0.5, 1.0]])
+    assert tagger._top_tags(similarity, 6) == [["t7", "t9", "t0", "t8", "t1", "t2"]]
 
 
 def test_the_sampling_stage_key_holds_the_encoders_weights_only_when_an_encoder_is_used(minilm):
