@@ -26,7 +26,7 @@ from rlhf_core.config import RoundConfig
 
 ROUND_COMPLETED = "rlhf.round.completed"
 EXPORTED = "rlhf.annotations.exported"
-EXPORT_SUFFIXES = (".jsonl", ".json", ".csv", ".parquet")  # what annotation tools export (rlhf_core.annotation)
+EXPORT_SUFFIXES = (".jsonl", ".ndjson", ".json", ".csv", ".parquet")  # what annotation tools export (rlhf_core.annotation)
 SEEN_FILE = ".rlhf-exports-seen.json"  # in the watched folder: the exports already announced, by name and digest
 
 
@@ -45,7 +45,9 @@ def round_completed(config: RoundConfig, summary: dict[str, Any], subflow: bool)
             "prefect.resource.id": f"rlhf.round.{config.name}",
             "prefect.resource.name": config.name,
             "rlhf.round_no": str(summary["round_no"]),
-            "rlhf.next": "no" if summary["stop"] else "yes",
+            # a round over real exports has no next round to run by itself: the next one waits for annotations of
+            # this round's responses (on-new-export); run again, it would import the same files a second time
+            "rlhf.next": "no" if summary["stop"] or config.annotation.exports else "yes",
             "rlhf.subflow": "yes" if subflow else "no",
         },
         "payload": {
@@ -65,11 +67,17 @@ def new_exports(folder: Path, min_age_seconds: float, now: float) -> list[tuple[
     files younger than `min_age_seconds` wait for the next look (an annotation tool may still be writing)."""
     seen = _read_seen(folder)
     files = sorted((f for f in folder.iterdir()  # hidden files: our record, or a tool's file being written
-                    if f.is_file() and f.suffix in EXPORT_SUFFIXES and not f.name.startswith(".")),
+                    if f.is_file() and is_export_name(f.name) and not f.name.startswith(".")),
                    key=lambda f: (f.stat().st_mtime, f.name))
     ready = [f for f in files if now - f.stat().st_mtime >= min_age_seconds]
     digests = [(f, sha256_file(f)) for f in ready]
     return [(f, digest) for f, digest in digests if seen.get(f.name) != digest]
+
+
+def is_export_name(name: str) -> bool:
+    """An export file's name as the importers read them: EXPORT_SUFFIXES in any case, gzipped or not."""
+    name = name.lower().removesuffix(".gz")
+    return name.endswith(EXPORT_SUFFIXES)
 
 
 def _read_seen(folder: Path) -> dict[str, str]:

@@ -126,15 +126,26 @@ def crash_killed_flow_runs(workdir: Path) -> int:
     running = FlowRunFilter(state=FlowRunFilterState(type=FlowRunFilterStateType(any_=[StateType.RUNNING])))
     crashed = 0
     with get_client(sync_client=True) as client:
+        live = this_run_and_its_parents(client)  # rlhf-stage runs rlhf-round as a subflow: its parent is live
         flows = FlowFilter(name=FlowFilterName(any_=["rlhf-round", "rlhf-stage"]))
         for run in client.read_flow_runs(flow_filter=flows, flow_run_filter=running):
             run_workdir = _workdir_of(run.parameters)
-            if str(run.id) == str(flow_run.id) or run_workdir is None or Path(run_workdir).resolve() != workdir:
+            if str(run.id) in live or run_workdir is None or Path(run_workdir).resolve() != workdir:
                 continue
             client.set_flow_run_state(run.id, Crashed(message=f"left RUNNING by a killed process; closed by the "
                                                               f"next round in {workdir}"), force=True)
             crashed += 1
     return crashed
+
+
+def this_run_and_its_parents(client) -> set[str]:
+    """The ids of this flow run and of every flow run it runs inside (as a subflow), up to the outermost."""
+    live, run_id = set(), flow_run.id
+    while run_id is not None and str(run_id) not in live:
+        live.add(str(run_id))
+        parent_task = client.read_flow_run(run_id).parent_task_run_id
+        run_id = client.read_task_run(parent_task).flow_run_id if parent_task else None
+    return live
 
 
 def resolve_round_config(config: RoundConfig, config_path: str | None) -> RoundConfig:
@@ -257,7 +268,8 @@ def _run_stages(config: RoundConfig, stop_after: StageName | None, round_no: int
                 return finish_round(ctx, out)
         # its registered version says what it started from and which reward model trained it
         tag_registered_policy(ctx, out["ppo"], lineage | reward_model_tags(ctx, out["reward"]))
-        done("evaluate", HEAVY_STAGES["evaluate"].call(ctx, config, inputs, seed, simulated))
+        if done("evaluate", HEAVY_STAGES["evaluate"].call(ctx, config, inputs, seed, simulated)):
+            return finish_round(ctx, out)  # no comparison with the round before or the champion, no promotion
         stop = None
         if start_policy is not None:  # round k is also judged against round k - 1 (stage evaluate_vs_previous)
             out["evaluate_vs_previous"] = evaluate(ctx, config.evaluation, out["ppo"], start_policy, out["reward"],
@@ -340,6 +352,7 @@ def rlhf_rounds(config: RoundConfig = RoundConfig(), n_rounds: int = 2,
     if n_rounds < 1:
         raise ValueError(f"n_rounds must be >= 1, got {n_rounds}")
     config = resolve_round_config(config, config_path)
+    check_iterated_exports(config, n_rounds)
     tracker, series = open_series(config, n_rounds)
     summaries: list[dict[str, Any]] = []
     start: ArtifactRef | None = None
@@ -364,6 +377,16 @@ def rlhf_rounds(config: RoundConfig = RoundConfig(), n_rounds: int = 2,
                               "rlhf.series.stop_reason": summaries[-1]["stop"] or ""})
     tracker.end_run(series)
     return summaries
+
+
+def check_iterated_exports(config: RoundConfig, n_rounds: int) -> None:
+    """Refuse iterated rounds over real annotation exports: every round would import the same files again, and
+    the accumulated pairs would count each judgement once per round. Round k + 1 needs annotations of round k's
+    responses, which only the annotators can give."""
+    if n_rounds > 1 and config.annotation.exports:
+        raise ValueError(f"rlhf-rounds with annotation.exports would import the same {len(config.annotation.exports)} "
+                         "export file(s) in every round: with real annotators run one round per export "
+                         "(rlhf-round/on-new-export starts one when a new file arrives), or n_rounds 1")
 
 
 SERIES_WORKDIR_TAG = "rlhf.series_workdir"  # not rlhf.workdir: each round closes that tag's RUNNING runs as killed

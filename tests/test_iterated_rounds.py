@@ -113,3 +113,13 @@ def test_the_rounds_nest_under_one_mlflow_run_that_holds_their_headlines_per_rou
         (2, pytest.approx(r2["headline"]["gold score, new policy"]))]
     vs_previous = client.get_metric_history(series_id, "headline/evaluate_vs_previous/eval/judge/win_rate")
     assert [m.step for m in vs_previous] == [2]  # round 1 has no round before it
+
+
+def test_a_round_stopped_after_evaluate_neither_judges_against_the_champion_nor_promotes(iterated):
+    from flows.round import rlhf_round
+
+    workdir, summaries = iterated
+    cfg = _config(workdir, "iteration.pairs=accumulate", "iteration.stop_min_win_rate=1.01")
+    summary = rlhf_round(config=cfg, stop_after="evaluate")  # round 1 again, every stage from the cache
+    assert summary["artifacts"]["evaluate"] == summaries[0]["artifacts"]["evaluate"]
+    assert "evaluate_vs_champion" not in summary["artifacts"] and summary["promotion"] is None

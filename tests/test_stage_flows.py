@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 from mlflow import MlflowClient
+from prefect import get_client
 
 from flows.stages import find_artifact
 from rlhf_core.artifacts import ArtifactStore
@@ -31,8 +32,12 @@ def test_denoise_alone_on_the_rounds_votes_makes_what_the_round_makes(round_to_v
 
     cfg, first = round_to_vote
     votes = first["artifacts"]["vote"]
-    # pairs not given: the round's, from its cache
-    alone = rlhf_stage(stage="denoise", inputs={"vote": f"votes:{votes['digest']}"}, config=cfg)
+    # pairs not given: the round's, from its cache (rlhf_round runs as a subflow to find them)
+    state = rlhf_stage(stage="denoise", inputs={"vote": f"votes:{votes['digest']}"}, config=cfg, return_state=True)
+    alone = state.result()
+    with get_client(sync_client=True) as client:  # the subflow did not take its live parent for a killed run
+        history = client.read_flow_run_states(state.state_details.flow_run_id)
+    assert [h.type.value for h in history if h.type.value == "CRASHED"] == [] and history[-1].type.value == "COMPLETED"
     assert alone["inputs"]["pairs"]["digest"] == first["artifacts"]["import_annotations"]["digest"]
     assert alone["artifact"]["kind"] == "denoised"
 

@@ -113,3 +113,25 @@ def test_a_new_annotation_export_starts_a_round_that_imports_it(deployed, tmp_pa
     assert watch_exports(folder=str(tmp_path), min_age_seconds=0) == []  # announced once
     runs = _flow_runs_of(deployed["on-new-export"], wait_for=1)
     assert [run.parameters["annotation_exports"] for run in runs] == [[str(export.resolve())]]
+
+
+def test_export_names_the_watcher_announces_are_the_ones_the_importers_read():
+    from flows.chaining import is_export_name
+
+    assert all(is_export_name(n) for n in ("a.jsonl", "B.JSONL", "c.jsonl.gz", "d.csv.gz", "e.parquet", "f.json",
+                                           "g.ndjson"))
+    assert not any(is_export_name(n) for n in ("notes.txt", "a.jsonl.bak", "model.safetensors", "archive.gz"))
+
+
+def test_a_round_over_real_exports_does_not_start_the_next_one_and_iterated_rounds_refuse_them(tmp_path):
+    from flows.round import check_iterated_exports
+
+    simulated = load_config(ROOT / "configs" / "mini.yaml")
+    real = load_config(ROOT / "configs" / "mini.yaml", overrides=[f"annotation.exports=[{tmp_path / 'batch-1.jsonl'}]"])
+    assert round_completed(simulated, _summary(1, None), False)["resource"]["rlhf.next"] == "yes"
+    # the next round would import the same file again: it waits for annotations of this round's responses
+    assert round_completed(real, _summary(1, None), False)["resource"]["rlhf.next"] == "no"
+    check_iterated_exports(simulated, 3)
+    check_iterated_exports(real, 1)
+    with pytest.raises(ValueError, match="same 1 export file"):
+        check_iterated_exports(real, 2)
