@@ -43,6 +43,8 @@ def test_accuracy_by_pair_type_leaves_gold_ties_out():
     assert acc["all"] == pytest.approx(1 / 3)
     assert acc["correctness_only"] == 0.5 and acc["n_correctness_only"] == 2
     assert acc["style_only"] == 0.0 and acc["n_other"] == 0
+    # no preference (a constant reward) is wrong whichever way a pair is written
+    assert accuracy_by_pair_type(np.zeros(4), pairs)["all"] == 0.0
 
 
 def test_flip_report_counts_fixed_and_broken_labels():

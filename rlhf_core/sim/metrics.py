@@ -49,10 +49,11 @@ def pair_types(pairs: pd.DataFrame) -> np.ndarray:
 
 def accuracy_by_pair_type(diffs: np.ndarray, pairs: pd.DataFrame) -> dict[str, float]:
     """Share of gold-decided pairs whose predicted difference `diffs` (N,) has gold's sign: overall and
-    per pair type, plus n per type. The pairs' own chosen/rejected orientation does not matter."""
+    per pair type, plus n per type. The pairs' own chosen/rejected orientation does not matter, and a predicted
+    difference of 0 (no preference) is never right, whichever way the pair is written."""
     gold = gold_difference(pairs["prompt"], pairs["chosen"], pairs["rejected"])
     decided = gold != 0
-    right = (np.asarray(diffs) > 0) == (gold > 0)
+    right = np.sign(np.asarray(diffs, dtype=float)) == np.sign(gold)
     types = pair_types(pairs)
     out = {"all": float(right[decided].mean()) if decided.any() else float("nan")}
     for t in PAIR_TYPES:
