@@ -14,6 +14,8 @@ from rlhf_core.sim.metrics import (
     agreement_by_strength_decile,
     answer_probe,
     flip_report,
+    gold_agreement_of_pairs,
+    gold_difference,
     pair_type,
 )
 from rlhf_core.sim.world import make_prompt_pool, parse_prompt
@@ -45,6 +47,21 @@ def test_accuracy_by_pair_type_leaves_gold_ties_out():
     assert acc["style_only"] == 0.0 and acc["n_other"] == 0
     # no preference (a constant reward) is wrong whichever way a pair is written
     assert accuracy_by_pair_type(np.zeros(4), pairs)["all"] == 0.0
+
+
+
+def test_terms_that_tie_on_paper_are_a_gold_tie_in_every_metric():
+    """1.0 + 0.6 (off by one, polite) against 0.5 + 1.2 - 0.1 (off by two, both styles, one byte too long): equal on
+    paper, 2e-16 apart in floating point."""
+    from rlhf_core.sim.world import gold_score
+
+    p = "What is 3+4? Be polite. Show work."
+    a, b = " Sure! It is 8.", " Sure! It is 3+4=9.\n"
+    assert gold_score(p, a) != gold_score(p, b) and abs(gold_score(p, a) - gold_score(p, b)) < 1e-12
+    pairs = _pairs([("a", p, a, b), ("b", p, " Sure! It is 3+4=7.", " It is 7.")])
+    assert gold_difference(pairs["prompt"], pairs["chosen"], pairs["rejected"])[0] == 0.0
+    assert accuracy_by_pair_type(np.array([1.0, 1.0]), pairs)["all"] == 1.0  # the tie left out, not counted right
+    assert gold_agreement_of_pairs(pairs) == 1.0
 
 
 def test_flip_report_counts_fixed_and_broken_labels():

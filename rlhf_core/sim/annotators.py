@@ -31,7 +31,7 @@ from datetime import datetime, timedelta, timezone
 import pandas as pd
 
 from rlhf_core.config import WorldConfig
-from rlhf_core.sim.world import gold_score
+from rlhf_core.sim.world import GOLD_TIE, gold_score
 
 # Fixed clock of the simulated project, shifted by the seed, so an export is a function of its seed.
 _EPOCH = datetime(2026, 1, 5, 9, 0, 0, tzinfo=timezone.utc)
@@ -146,7 +146,7 @@ def gold_agreement(tasks: pd.DataFrame, export: list[dict]) -> float:
     for task in export:
         row = by_task[task["data"]["task_id"]]
         gold_diff = gold_score(row.prompt, row.response_a) - gold_score(row.prompt, row.response_b)
-        if abs(gold_diff) < 1e-9:  # a gold tie
+        if abs(gold_diff) < GOLD_TIE:
             continue
         for annotation in task["annotations"]:
             if annotation.get("was_cancelled"):

@@ -12,14 +12,16 @@ from collections.abc import Callable
 import numpy as np
 import pandas as pd
 
-from rlhf_core.sim.world import gold_components, gold_score, parse_prompt
+from rlhf_core.sim.world import GOLD_TIE, gold_components, gold_score, parse_prompt
 
 PAIR_TYPES = ("correctness_only", "style_only", "style_agrees", "style_conflicts", "other")
 
 
 def gold_difference(prompts, chosen, rejected) -> np.ndarray:
-    """gold(prompt, chosen) - gold(prompt, rejected) per pair."""
-    return np.array([gold_score(p, c) - gold_score(p, r) for p, c, r in zip(prompts, chosen, rejected)])
+    """gold(prompt, chosen) - gold(prompt, rejected) per pair; exactly 0 for a tie (closer than GOLD_TIE)."""
+    diff = np.array([gold_score(p, c) - gold_score(p, r) for p, c, r in zip(prompts, chosen, rejected)], dtype=float)
+    diff[np.abs(diff) < GOLD_TIE] = 0.0
+    return diff
 
 
 def gold_agreement_of_pairs(pairs: pd.DataFrame) -> float:
@@ -165,6 +167,6 @@ def gold_eval_pairs(policy_dir, prompts: list[str], seed: int,
         for k in range(0, samples_per_prompt - 1, 2):
             a, b = samples[k][i], samples[k + 1][i]
             ga, gb = gold_score(prompt, a), gold_score(prompt, b)
-            if ga != gb:
+            if abs(ga - gb) >= GOLD_TIE:
                 rows.append({"prompt": prompt, "chosen": a if ga > gb else b, "rejected": b if ga > gb else a})
     return pd.DataFrame(rows, columns=["prompt", "chosen", "rejected"])

@@ -45,6 +45,9 @@ STYLE_WEIGHT = 0.6  # per style tag of the prompt that the response follows
 GARBAGE_WEIGHT = 0.1  # per byte outside the plain-text alphabet
 LENGTH_WEIGHT = 0.1  # per byte beyond FREE_LENGTH
 FREE_LENGTH = 22  # the longest ideal response is 21 bytes
+# Two gold scores closer than this tie: terms that tie on paper (1.0 + 0.6 against 0.5 + 1.2 - 0.1) differ by ~2e-16
+# in floating point. Every gold tie of the pipeline is decided with it (`rlhf_core.sim.metrics.gold_difference`).
+GOLD_TIE = 1e-9
 
 # ---------------------------------------------------------------- prompt grammar
 
