@@ -102,7 +102,8 @@ def write_report(results: list[dict], n_rounds: int, out: Path, command: str) ->
               "|---|" + "---|" * n_rounds]
     for r in results:
         lines.append(f"| {r['seed']} | " + " | ".join(
-            f"{value(r, k, 'gold score, new policy'):.3f}, {value(r, k, 'RM accuracy vs gold (held-out), raw labels'):.3f}"
+            f"{value(r, k, 'gold score, new policy'):.3f}, "
+            f"{value(r, k, 'RM accuracy vs gold (held-out), raw labels'):.3f}"
             f" / {value(r, k, 'RM accuracy vs gold (held-out)'):.3f}" for k in range(1, n_rounds + 1)) + " |")
     lines += ["", "Minutes per seed (all rounds; stages cached before are not re-run): "
               + ", ".join(f"{r['seconds'] / 60:.1f}" for r in results), "", plot(results, n_rounds, out)]

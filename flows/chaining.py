@@ -21,12 +21,12 @@ from prefect import flow, get_run_logger
 from prefect.events import emit_event
 
 import rlhf_core
+from rlhf_core.annotation.importer import is_export_name
 from rlhf_core.artifacts import atomic_write_text, sha256_file
 from rlhf_core.config import RoundConfig
 
 ROUND_COMPLETED = "rlhf.round.completed"
 EXPORTED = "rlhf.annotations.exported"
-EXPORT_SUFFIXES = (".jsonl", ".ndjson", ".json", ".csv", ".parquet")  # what annotation tools export (rlhf_core.annotation)
 SEEN_FILE = ".rlhf-exports-seen.json"  # in the watched folder: the exports already announced, by name and digest
 
 
@@ -72,12 +72,6 @@ def new_exports(folder: Path, min_age_seconds: float, now: float) -> list[tuple[
     ready = [f for f in files if now - f.stat().st_mtime >= min_age_seconds]
     digests = [(f, sha256_file(f)) for f in ready]
     return [(f, digest) for f, digest in digests if seen.get(f.name) != digest]
-
-
-def is_export_name(name: str) -> bool:
-    """An export file's name as the importers read them: EXPORT_SUFFIXES in any case, gzipped or not."""
-    name = name.lower().removesuffix(".gz")
-    return name.endswith(EXPORT_SUFFIXES)
 
 
 def _read_seen(folder: Path) -> dict[str, str]:

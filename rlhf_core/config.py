@@ -16,8 +16,7 @@ from urllib.parse import parse_qsl, urlsplit
 
 import yaml
 from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr, SerializationInfo,
-                      SerializerFunctionWrapHandler,
-                      ValidationError, model_serializer, model_validator)
+                      SerializerFunctionWrapHandler, ValidationError, model_serializer, model_validator)
 
 
 # The NAME of an environment variable that holds an API key: upper case by convention, and so never the shape of
@@ -33,9 +32,10 @@ def no_credentials_in_url(url: str | None) -> str | None:
         return url
     parts = urlsplit(url)
     if parts.password is not None:
-        raise ValueError("the URL holds a password (user:password@): give it through the environment instead (the API "
-                         "key: api_key_env or secret_block; a database: its client's variable, e.g. PGPASSWORD; an MLflow "
-                         "server: MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD); the value is not shown")
+        raise ValueError("the URL holds a password (user:password@): give it through the environment instead (the "
+                         "API key: api_key_env or secret_block; a database: its client's variable, e.g. PGPASSWORD; "
+                         "an MLflow server: MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD); the value is not "
+                         "shown")
     if any(CREDENTIAL_QUERY.search(name) for name, _ in parse_qsl(parts.query, keep_blank_values=True)):
         raise ValueError("the URL has a credential-like query parameter (key, token, secret, ...): give the key "
                          "through api_key_env or secret_block instead; the value is not shown")
@@ -816,7 +816,8 @@ class RoundConfig(StrictModel):
     seed: int = Field(0, description="seed of every stage (round k of iterated rounds samples with seed + k - 1)")
     workdir: str = Field("rlhf-runs", description="artifact store and run files; relative to the cwd")
     tracking_uri: UrlWithoutCredentials = Field(
-        None, description="MLflow URI; default sqlite:///{workdir}/mlflow.db (no password in it: see docs/operations.md)")
+        None, description="MLflow URI; default sqlite:///{workdir}/mlflow.db (no password in it: see "
+        "docs/operations.md)")
     experiment: str = Field("rlhf", description="MLflow experiment of the round's runs")
     annotation: AnnotationConfig = Field(
         AnnotationConfig(), description="the annotation exports this round imports (none: the simulated annotators)"
@@ -864,7 +865,7 @@ class RoundConfig(StrictModel):
 
 
 SECRET_BEARING_KEYS = ("api_key_env",)  # config keys a user may fill with a secret by mistake
-URL_KEYS = ("base_url", "tracking_uri")  # URLs that may carry one (refused by no_credentials_in_url)  # config keys a user may fill with a secret by mistake
+URL_KEYS = ("base_url", "tracking_uri")  # URLs that may carry one (refused by no_credentials_in_url)
 
 
 def _format_errors(err: ValidationError, source: str) -> str:

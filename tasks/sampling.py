@@ -43,8 +43,7 @@ def stage_config(cfg: SamplingConfig, seed: int) -> dict:
         vocabulary = "\n".join(tag_vocabulary(cfg.tagger))
         config["tagger_vocabulary_sha256"] = hashlib.sha256(vocabulary.encode()).hexdigest()
     if needs_encoder(cfg):  # the encoder's weights (the MiniLM package's, or model_path's), not their path
-        from rlhf_core.sampling.embedding import default_model_path
+        from rlhf_core.sampling.embedding import encoder_path
 
-        encoder = Path(cfg.tagger.model_path) if cfg.tagger.model_path else default_model_path()
-        config["encoder_digest"] = content_digest(encoder)[0]
+        config["encoder_digest"] = content_digest(encoder_path(cfg.tagger.model_path))[0]
     return config

@@ -116,7 +116,7 @@ def test_a_new_annotation_export_starts_a_round_that_imports_it(deployed, tmp_pa
 
 
 def test_export_names_the_watcher_announces_are_the_ones_the_importers_read():
-    from flows.chaining import is_export_name
+    from rlhf_core.annotation.importer import is_export_name
 
     assert all(is_export_name(n) for n in ("a.jsonl", "B.JSONL", "c.jsonl.gz", "d.csv.gz", "e.parquet", "f.json",
                                            "g.ndjson"))

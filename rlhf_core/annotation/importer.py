@@ -74,6 +74,14 @@ def _first_object(path: Path) -> dict | None:
     return None
 
 
+EXPORT_SUFFIXES = (".json", ".jsonl", ".ndjson", ".csv", ".parquet")  # in any case, each optionally .gz
+
+
+def is_export_name(name: str) -> bool:
+    """Whether `detect_file_format` can tell a file's importer from its name."""
+    return name.lower().removesuffix(".gz").endswith(EXPORT_SUFFIXES)
+
+
 def detect_file_format(path: str | Path) -> str:
     """The importer for a file, from its name and, for JSONL, the keys of its first object."""
     path = Path(path)

@@ -52,8 +52,9 @@ def token_rewards(
     """
     valid = mask.bool()
     mask = mask.to(logp.dtype)
-    # select, not multiply: k3 exponentiates, and an overflow at a padded position would make inf * 0 = NaN
-    kl = torch.where(valid, kl_penalty(logp.where(valid, 0), logp_ref.where(valid, 0), estimator), 0)  # (B, T)
+    # zeros at padding, not a mask multiplied in after: k3 exponentiates, and inf * 0 would be NaN (the KL of two
+    # zeros is 0 with either estimator)
+    kl = kl_penalty(logp.where(valid, 0), logp_ref.where(valid, 0), estimator)  # (B, T)
     rewards = -kl_coef * kl  # (B, T)
     last = mask.sum(1).long() - 1  # (B,) index of the last response token
     rows = torch.arange(rewards.shape[0], device=rewards.device)

