@@ -48,6 +48,21 @@ UrlWithoutCredentials = Annotated[str | None, AfterValidator(no_credentials_in_u
 class StrictModel(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _sections_keep_their_defaults(cls, data: Any) -> Any:
+        """A section given as a mapping changes only the keys it names, whichever way the config comes in (file,
+        --set, a Prefect parameter, Python): pydantic alone rebuilds it from its class's defaults, so a Prefect run
+        with `{"ppo": {"iterations": 10}}` got PPOConfig's policy_lr (3e-4) instead of the round's (3e-5)."""
+        if not isinstance(data, dict):
+            return data
+        merged = dict(data)
+        for name, field in cls.model_fields.items():
+            default = field.get_default(call_default_factory=True)
+            if isinstance(default, BaseModel) and isinstance(merged.get(name), dict):
+                merged[name] = deep_merge(default.model_dump(mode="python"), merged[name])
+        return merged
+
 
 class ConfigError(ValueError):
     """A config that cannot be used; the message names every bad key and what was expected."""
@@ -847,10 +862,10 @@ class RoundConfig(StrictModel):
                 f"sampling.n_samples ({self.sampling.n_samples}) exceeds world.n_prompts "
                 f"({self.world.n_prompts}): raise the pool or lower the budget"
             )
-        if self.evaluation.n_prompts > self.world.n_eval_prompts:
+        if self.evaluation.prompt_set == "world" and self.evaluation.n_prompts > self.world.n_eval_prompts:
             raise ValueError(
                 f"evaluation.n_prompts ({self.evaluation.n_prompts}) exceeds world.n_eval_prompts "
-                f"({self.world.n_eval_prompts})"
+                f"({self.world.n_eval_prompts}), the world's held-out prompts: raise that or judge fewer"
             )
         per_prompt = sum(s.n for g in self.generation.generators for s in g.strategies)
         if not self.annotation.exports and per_prompt < 2:

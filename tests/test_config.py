@@ -76,6 +76,18 @@ def test_a_partial_section_keeps_the_rounds_other_values():
     assert parse_config({"voting": {"train": {"lr": 0.01}}}).voting.train.epochs == RoundConfig().voting.train.epochs
 
 
+def test_a_partial_section_keeps_the_rounds_values_through_a_prefect_parameter_too():
+    """`prefect deployment run rlhf-round/demo --param config='{"ppo": {"iterations": 10}}'` validates the
+    mapping with pydantic, not parse_config: it must keep the round's PPO learning rate and voters' epochs."""
+    from flows.round import rlhf_round
+
+    for cfg in (rlhf_round.validate_parameters({"config": {"seed": 1, "ppo": {"iterations": 10}}})["config"],
+                RoundConfig.model_validate({"ppo": {"iterations": 10}, "voting": {"train": {"lr": 0.01}}})):
+        assert cfg.ppo.iterations == 10 and cfg.ppo.policy_lr == RoundConfig().ppo.policy_lr != PPOConfig().policy_lr
+        assert cfg.voting.train.epochs == RoundConfig().voting.train.epochs == 1
+    assert RoundConfig.model_validate({"ppo": {"preset": "vanilla"}}).ppo.kl_coef == 0  # the preset still fills
+
+
 def test_schema_descriptions_hold_no_angle_bracket_placeholders():
     """The Prefect UI renders descriptions as Markdown/HTML: "<workdir>" would vanish as an unknown tag."""
     import json
@@ -121,3 +133,12 @@ def test_mlflow_params_drop_credential_keys_and_keep_token_counts():
     params = flatten_params({"generation": {"max_new_tokens": 24}, "evaluation": {"http": {
         "max_tokens": 1024, "api_key_env": "OPENAI_API_KEY", "secret_block": "openai"}}, "hf_token": "hf_x"})
     assert params == {"generation.max_new_tokens": "24", "evaluation.http.max_tokens": "1024"}
+
+
+def test_judged_prompts_are_bounded_by_the_worlds_held_out_prompts_only_when_they_are_the_worlds():
+    """docs/judge.md judges all 939 Do-Not-Answer prompts; the world's 200 held-out prompts do not bound that."""
+    http = {"judge": "http", "http": {"base_url": "http://127.0.0.1:8000/v1"}}
+    assert parse_config({"evaluation": http | {"prompt_set": "do_not_answer", "n_prompts": 939}}).evaluation.n_prompts \
+        == 939
+    with pytest.raises(ConfigError, match=r"evaluation.n_prompts \(939\) exceeds world.n_eval_prompts \(200\)"):
+        parse_config({"evaluation": {"n_prompts": 939}})
