@@ -404,7 +404,7 @@ def test_reward_label_sources_every_source_and_model_seed(shared_round):
 
 
 @pytest.mark.slow
-def test_reward_label_sources_with_noisier_annotators(shared_round, tmp_path):
+def test_reward_label_sources_with_noisier_annotators(shared_round, tmp_path, capsys):
     """--annotator-error-max (and --annotator-temperature): the sources are built from the pairs labelled again by
     noisier annotators."""
     import reward_label_sources
@@ -431,8 +431,9 @@ def test_reward_label_sources_with_noisier_annotators(shared_round, tmp_path):
     assert (tmp_path / "work" / "votes-relabelled-seed0.parquet").is_file()
     assert "annotators who flip at a rate drawn in [0, 0.5] (`--annotator-error-max`; the world's: [0, 0.2]) with " \
         "Bradley-Terry temperature 0.4" in out.read_text()
-    with pytest.raises(SystemExit):  # a temperature relabels: it needs the error rate too
-        reward_label_sources.main(["--annotator-temperature", "0.4", "--work-dir", str(tmp_path / "work")])
+    with pytest.raises(SystemExit):  # a temperature relabels: it needs the error rate too (a fresh work dir, so
+        reward_label_sources.main(["--annotator-temperature", "0.4", "--work-dir", str(tmp_path / "fresh")])
+    assert "give --annotator-error-max too" in capsys.readouterr().err  # it is this refusal, not the work dir's)
 
 
 def test_a_reward_label_sources_work_dir_keeps_one_labelling(tmp_path):

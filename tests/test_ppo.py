@@ -466,6 +466,11 @@ def test_new_switches_adaptive_kl_entropy_bonus_and_advantage_clip_run(tiny_poli
     # (4 prompts x 2), horizon 10
     assert coefs[1] == pytest.approx(0.1 * (1 - 0.2 * 8 / 10))
     assert all(m["loss/entropy_bonus"] > 0 for m in history)
+    # the bonus is in the loss, not only in the log: one iteration with and without it, same seed, other weights
+    one = cfg.model_copy(update={"iterations": 1})
+    without, with_bonus = (train_ppo(tiny_policy_dir, lowercase_fraction, ["a", "b", "c"],
+                                     one.model_copy(update={"ent_coef": c}), seed=3)[0].state_dict() for c in (0.0, 0.5))
+    assert any(not torch.equal(without[k], with_bonus[k]) for k in without)
 
 
 def test_advantage_clip_bounds_the_whitened_advantages():
@@ -603,7 +608,14 @@ def test_a_killed_run_resumes_to_the_same_result(tiny_policy_dir, tmp_path):
                     critic_lr_warmup_steps=2, **SMALL)
     prompts = [p for p, _ in data]
     args = dict(seed=4, ptx_examples=data, gold_fn=lowercase_fraction)
-    full_policy, _, full = train_ppo(tiny_policy_dir, lowercase_fraction, prompts, cfg, **args)
+    scored: list[int] = []
+
+    def counted_reward(prompts_, responses):  # how many responses a run scores: a resumed one, iterations 2-4 only
+        scored.append(len(responses))
+        return lowercase_fraction(prompts_, responses)
+
+    full_policy, _, full = train_ppo(tiny_policy_dir, counted_reward, prompts, cfg, **args)
+    scored_by_full_run, scored[:] = sum(scored), []
 
     seen = []
     with pytest.raises(Killed):
@@ -611,10 +623,11 @@ def test_a_killed_run_resumes_to_the_same_result(tiny_policy_dir, tmp_path):
                   on_iteration=kill_at(2, seen), **args)
     assert [m["iteration"] for m in seen] == [0, 1]
     assert len(torch.load(tmp_path / "checkpoint.pt", weights_only=True)["history"]) == 2
-    replayed = []
-    policy, _, resumed = train_ppo(tiny_policy_dir, lowercase_fraction, prompts, cfg, checkpoint_dir=tmp_path,
+    replayed, scored[:] = [], []
+    policy, _, resumed = train_ppo(tiny_policy_dir, counted_reward, prompts, cfg, checkpoint_dir=tmp_path,
                                    on_iteration=replayed.append, **args)
     assert replayed == resumed and [m["iteration"] for m in resumed] == list(range(5))
+    assert sum(scored) * 5 == scored_by_full_run * 3 > 0  # it continued; it did not train from iteration 0 again
     for a, b in zip(full, resumed):
         assert a.keys() == b.keys()
         for k in a:

@@ -108,7 +108,8 @@ def test_a_killed_two_rank_run_resumes(dirs, one_process, worker_env, tmp_path):
     assert 1 <= done < CFG.iterations and not (tmp_path / "policy" / "world_size.txt").exists()  # killed midway
 
     resumed = run(TWO_RANKS, dirs, tmp_path)
-    assert "resuming from" in (tmp_path / "worker.log").read_text()
+    resumed_line = (tmp_path / "worker.log").read_text().split("resumed from", 1)[1].splitlines()[0]
+    assert resumed_line.endswith(f"after iteration {done - 1}")  # the checkpoint's iterations restored, not rerun
     assert_same_run(one_process, resumed)
 
 

@@ -297,7 +297,17 @@ def test_vote_finds_the_swapped_labels(init_dir):
     assert 0.5 <= metrics["sign_agreement"] <= 1.0
 
 
-def test_out_of_fold_votes_come_only_from_voters_that_did_not_train_on_the_pair(init_dir):
+def test_out_of_fold_votes_come_only_from_voters_that_did_not_train_on_the_pair(init_dir, monkeypatch):
+    from rlhf_core.reward import voting
+
+    trained_on = []  # the pair ids each voter trained on, in voter order (the real training, observed)
+
+    def observed(init, train_pairs, *args, **kwargs):
+        trained_on.append(set(train_pairs["pair_id"]))
+        return real_train(init, train_pairs, *args, **kwargs)
+
+    real_train = voting.train_reward_model
+    monkeypatch.setattr(voting, "train_reward_model", observed)
     pairs = make_pairs(60, seed=4)
     fold = fold_of_pairs(pairs["pair_id"], 2, seed=0)
     assert sorted(np.bincount(fold).tolist()) == [30, 30]  # balanced
@@ -308,6 +318,7 @@ def test_out_of_fold_votes_come_only_from_voters_that_did_not_train_on_the_pair(
     diffs = np.array(votes["diffs"].tolist())  # (60, 4)
     for k in range(4):  # voter k left fold k % 2 out and voted exactly on it
         np.testing.assert_array_equal(~np.isnan(diffs[:, k]), fold == k % 2)
+        assert trained_on[k] == set(pairs["pair_id"][fold != k % 2])
     assert votes["n_votes"].tolist() == [2] * 60
     np.testing.assert_allclose(votes["mean"], np.nanmean(diffs, axis=1))
     assert (votes["mean"] > 0).mean() >= 0.8  # unseen pairs of a separable task are still right
@@ -335,7 +346,8 @@ def test_fast_mode_votes_with_heads_over_one_trunk(init_dir):
         vote(init_dir, pairs, VotingConfig(n_models=2, mode="fast", scheme="out_of_fold"), seed=0)
 
 
-def test_fast_mode_weighted_read_starts_as_the_plain_read_and_trains_per_head_token_weights(init_dir):
+def test_fast_mode_weighted_read_starts_as_the_plain_read_and_trains_per_head_token_weights(init_dir, monkeypatch):
+    from rlhf_core.reward import voting
     from rlhf_core.reward.train import _pair_batch
     from rlhf_core.reward.voting import SharedTrunkVoters
 
@@ -348,9 +360,19 @@ def test_fast_mode_weighted_read_starts_as_the_plain_read_and_trains_per_head_to
         torch.testing.assert_close(weighted(batch), plain(batch), atol=1e-5, rtol=1e-5)  # u = b = 0 at the start
     cfg = VotingConfig(n_models=3, mode="fast", train=RewardTrainConfig(read="end_token+weighted_logprob", epochs=1,
                                                                        batch_size=8, lr=3e-3, max_length=64))
+    made = []  # the voters vote() builds, kept to look at their token weights after training
+
+    class Observed(SharedTrunkVoters):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            made.append(self)
+
+    monkeypatch.setattr(voting, "SharedTrunkVoters", Observed)
     votes, _ = vote(init_dir, make_pairs(32, seed=7), cfg, seed=0)
     diffs = np.array(votes["diffs"].tolist())
     assert diffs.shape == (32, 3) and (diffs.std(axis=1) > 0).all()
+    token_weights = made[0].token_weights  # zero at the start: every head's u_m and b_m moved
+    assert (token_weights.weight.abs().sum(dim=1) > 0).all() and (token_weights.bias != 0).all()
 
 
 # ---------------------------------------------------------------- denoising

@@ -250,14 +250,15 @@ def test_vote_on_two_worker_ranks_and_metarm_on_the_rounds_responses(prefect_api
 
 
 def test_killed_ppo_stage_resumes_from_its_checkpoint(two_rounds, monkeypatch):
-    """PPO killed in iteration 3 with a checkpoint after iteration 1: the re-run resumes from it, and the
-    stage's MLflow run still holds every iteration's curve (the checkpointed ones replayed)."""
+    """PPO killed in iteration 2 of 0..3 with a checkpoint after iteration 1: the re-run resumes from it (iterations
+    2 and 3 trained again), and the stage's MLflow run still holds every iteration's curve (the checkpointed ones
+    replayed). (Killed in iteration 3, the run would already have checkpointed all four: nothing left to resume.)"""
     import tasks.ppo
     from flows.round import rlhf_round
 
     cfg = load_config(CONFIG, overrides=[f"workdir={two_rounds[0].workdir}", "ppo.iterations=4",
                                          "ppo.checkpoint_every=2"])
-    real_train_ppo, calls = tasks.ppo.train_ppo, []
+    real_train_ppo, calls, resumed = tasks.ppo.train_ppo, [], []
 
     def train_ppo(*args, on_iteration, checkpoint_dir, kill_at=None, **kwargs):
         calls.append((Path(checkpoint_dir) / "checkpoint.pt").exists())
@@ -266,14 +267,16 @@ def test_killed_ppo_stage_resumes_from_its_checkpoint(two_rounds, monkeypatch):
             if m["iteration"] == kill_at:
                 raise RuntimeError("killed")
             on_iteration(m)
-        return real_train_ppo(*args, on_iteration=hook, checkpoint_dir=checkpoint_dir, **kwargs)
+        return real_train_ppo(*args, on_iteration=hook, checkpoint_dir=checkpoint_dir, on_resume=resumed.append,
+                              **kwargs)
 
-    monkeypatch.setattr(tasks.ppo, "train_ppo", lambda *a, **kw: train_ppo(*a, kill_at=3, **kw))
+    monkeypatch.setattr(tasks.ppo, "train_ppo", lambda *a, **kw: train_ppo(*a, kill_at=2, **kw))
     with pytest.raises(Exception, match="killed"):
         rlhf_round(config=cfg, stop_after="ppo")
     monkeypatch.setattr(tasks.ppo, "train_ppo", train_ppo)
     summary = rlhf_round(config=cfg, stop_after="ppo")
     assert calls == [False, True]  # the first run started fresh, the re-run found the checkpoint
+    assert resumed == [2]  # and restored its 2 iterations instead of training them again
     client = MlflowClient(summary["mlflow"]["tracking_uri"])
     ppo = next(r for r in _children(client, summary["mlflow"]["run_id"]) if r.data.tags["rlhf.stage"] == "ppo")
     assert ppo.info.status == "FINISHED" and ppo.data.tags["rlhf.cache"] == "miss"

@@ -339,6 +339,7 @@ def train_ppo(
     world_size: int = 1,
     device: torch.device | None = None,
     deepspeed: dict | None = None,
+    on_resume: Callable[[int], None] | None = None,
 ) -> tuple[nn.Module, object, list[dict[str, float]]]:
     """PPO-max fine-tuning of the policy in `policy_dir` against `reward_fn`.
 
@@ -346,7 +347,7 @@ def train_ppo(
     cfg.ptx_coef > 0). gold_fn: the true reward where it is known (the simulated world), logged as
     objective/gold and never trained on. checkpoint_dir: where a checkpoint is written every
     cfg.checkpoint_every iterations; a checkpoint found there is resumed, and the iterations it
-    holds are passed to `on_iteration` again first. Returns (policy, tokenizer, history), one
+    holds are passed to `on_iteration` again first, then `on_resume` gets their number. Returns (policy, tokenizer, history), one
     metrics dict per iteration. Deterministic for a given seed on a given machine, resumed or not.
 
     Data parallel when world_size > 1 (torch.distributed initialised, e.g. by the ppo worker): this rank
@@ -389,6 +390,8 @@ def train_ppo(
         for metrics in history:
             if on_iteration is not None:
                 on_iteration(metrics)
+        if on_resume is not None:
+            on_resume(len(history))
     start = len(history)
     # the data streams are pure functions of the seed: a resumed run skips what was consumed
     batches = prompt_batches(list(prompts), cfg.rollout_prompts, np.random.default_rng(seed))

@@ -69,15 +69,16 @@ def main(argv: list[str] | None = None) -> None:
             print(f"iteration {int(metrics['iteration'])}: score {metrics['objective/score']:.4f} "
                   f"kl {metrics['objective/kl']:.4f}", flush=True)
 
-    checkpoint = Checkpoint(args.checkpoint_dir, cfg, args.seed)
-    if checkpoint.exists() and accelerator.is_main_process:
-        print(f"resuming from {checkpoint.path}", flush=True)
+    def resumed(done: int) -> None:
+        if accelerator.is_main_process:
+            print(f"resumed from {Checkpoint(args.checkpoint_dir, cfg, args.seed).path} after iteration {done - 1}",
+                  flush=True)
     score = reward_scorer(args.reward_model, args.reward_max_length, accelerator.device)  # scored on the GPU too
     policy, tokenizer, history = train_ppo(
         args.policy_dir, score, prompts, cfg, args.seed,
         critic_init_dir=args.reward_model, on_iteration=report, progress=args.progress and accelerator.is_main_process,
         ptx_examples=ptx, gold_fn=gold_scores, checkpoint_dir=args.checkpoint_dir, rank=rank, world_size=world_size,
-        device=accelerator.device, deepspeed=deepspeed)
+        device=accelerator.device, deepspeed=deepspeed, on_resume=resumed)
     if accelerator.is_main_process:
         models.save_hf(policy, tokenizer, args.out)
         atomic_write_text(Path(args.out) / "history.json", json.dumps(history))
