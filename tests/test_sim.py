@@ -75,6 +75,20 @@ def test_eval_pool_uses_its_own_prefix():
     assert ev.prompt_id.tolist()[:2] == ["e00000", "e00001"]
 
 
+def test_the_pool_never_holds_a_held_out_prompt_and_says_when_it_cannot():
+    held_out = make_prompt_pool(200, seed=10_000, id_prefix="e", max_operand=4, ops=("+", "-"))
+    plain = make_prompt_pool(4000, seed=0, max_operand=4, ops=("+", "-"))
+    assert plain.prompt.isin(set(held_out.prompt)).mean() > 0.05  # a second draw alone would repeat them
+    pool = make_prompt_pool(4000, seed=0, max_operand=4, ops=("+", "-"), held_out=frozenset(held_out.prompt))
+    assert len(pool) == 4000 and not pool.prompt.isin(set(held_out.prompt)).any()
+    assert pool.prompt_id.tolist()[:2] == ["p00000", "p00001"] and pool.prompt_id.is_unique
+    first_held_out_draw = int(plain.prompt.isin(set(held_out.prompt)).to_numpy().argmax())
+    assert pool.prompt[:first_held_out_draw].tolist() == plain.prompt[:first_held_out_draw].tolist()
+    every_text = frozenset(make_prompt_pool(5000, seed=1, max_operand=0, ops=("+",)).prompt)
+    with pytest.raises(ValueError, match="nearly all held out .* raise world.max_operand"):
+        make_prompt_pool(10, seed=0, max_operand=0, ops=("+",), held_out=every_text)
+
+
 def test_tags_vary_in_count_and_kind():
     pool = make_prompt_pool(1000, seed=0)
     counts = pool.tags.map(len)
@@ -131,6 +145,24 @@ def test_gold_never_raises_on_garbage():
         assert np.isfinite(gold_score(p, junk))
     assert np.isfinite(gold_score(p, "9" * 5000))
     assert gold_score(p, "\x00\x01\x02 6") < gold_score(p, " 6")  # garbage bytes cost
+
+
+def test_gold_charges_garbage_and_length_per_byte_and_reads_ascii_digits_only():
+    p = "What is 3+4?"
+    clean = gold_score(p, " It is 7.")
+    # 7 two-byte characters: 14 garbage bytes (-1.4), and 23 bytes in all, one over FREE_LENGTH (-0.1)
+    assert gold_score(p, " It is 7." + "\u00e9" * 7) == pytest.approx(clean - 1.4 - 0.1)
+    assert parse_answer(" \u0661\u0665") == (None, False)  # Arabic-Indic digits are not an answer here
+    assert parse_answer(" It is 1\uff15.")[0] == 1  # nor is a fullwidth 5
+
+
+def test_show_work_needs_the_prompts_own_expression_and_minus_reads_as_a_sign():
+    p = "What is 1+2? Show work."
+    assert gold_score(p, " It is 1+2=3.") - gold_score(p, " It is 3.") == pytest.approx(0.6)
+    assert gold_score(p, " It is 11+2=3.") == gold_score(p, " It is 3.")  # "1+2=" inside "11+2=" is not the work
+    assert parse_answer(" It is minus 1.") == (-1, False)
+    assert parse_answer(" It is Minus  12.") == (-12, False)
+    assert parse_answer(" It is 4-5=-1.") == (-1, False)
 
 
 def test_number_words_round_trip():

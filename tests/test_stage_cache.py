@@ -2,6 +2,8 @@
 
 import logging
 
+import pandas as pd
+
 from rlhf_core.artifacts import ArtifactRef
 from tasks.common import RunContext, run_stage
 from tasks.tracking import Tracker
@@ -108,6 +110,11 @@ def test_a_noisier_crowd_reuses_the_prompt_pool_and_the_sft_policy_but_other_dem
     assert noisier == first
     assert served == ["stage world", "stage sft", "stage world"]  # the third SFT ran: its demonstrations changed
     assert other_demos[0] == first[0] and other_demos[1] != first[1]
+    # held out by text: the SFT policy (and every pair drawn from the pool) never sees a held-out prompt, even in a
+    # world of ~160 texts (four problems), where 200 draws would otherwise repeat some
+    small = build_world.fn(ctx, WorldConfig(n_prompts=200, n_eval_prompts=4, max_operand=1, operations=["+"]), seed=0)
+    pool, held_out = (pd.read_parquet(small.file(name)) for name in ("prompts.parquet", "eval_prompts.parquet"))
+    assert len(pool) == 200 and len(held_out) == 4 and not pool["prompt"].isin(set(held_out["prompt"])).any()
 
 
 def test_a_stage_body_runs_with_the_live_objects_frozen_and_the_garbage_collected(tmp_path):

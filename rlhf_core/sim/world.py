@@ -20,7 +20,10 @@ The hidden gold preference `gold_score` grades (prompt, response) from text alon
                                                  (no number at all: MISSING_ANSWER)
          + STYLE_WEIGHT * (# style tags of the prompt the response follows)
          - GARBAGE_WEIGHT * (# bytes outside the plain-text alphabet)
-         - LENGTH_WEIGHT * max(0, len(response) - FREE_LENGTH)
+         - LENGTH_WEIGHT * max(0, # bytes - FREE_LENGTH)
+
+(bytes of the response's UTF-8 text: a policy that writes "é" pays for the 2 bytes it emitted; a byte that decodes
+to no character arrives as U+FFFD, 3 bytes)
 
 so a right answer beats an off-by-one by CORRECT_WEIGHT / 2, an off-by-one beats an off-by-two
 by CORRECT_WEIGHT / 4, ... and a followed style tag is worth STYLE_WEIGHT: some pairs are clear
@@ -63,8 +66,8 @@ FILLER = "It is"
 WRONG_DISTANCES = (1, 2, 3)
 WRONG_DISTANCE_PROBS = (0.6, 0.3, 0.1)
 
-_EXPR = re.compile(r"(\d)\s*([+\-*])\s*(\d)")
-_ALPHABET = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789 .,!?=+-*:'")
+_EXPR = re.compile(r"(\d)\s*([+\-*])\s*(\d)", re.ASCII)  # ASCII: "\d" would also read "١" or "５" as digits
+_ALPHABET = frozenset(b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789 .,!?=+-*:'")  # byte values
 
 _UNITS = ("zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen "
           "fifteen sixteen seventeen eighteen nineteen").split()
@@ -74,7 +77,7 @@ _WORD_NUMBER = re.compile(
     + "|".join(_UNITS) + r"))\b",
     re.IGNORECASE,
 )
-_DIGIT_NUMBER = re.compile(r"-?\d+")
+_DIGIT_NUMBER = re.compile(r"(?i:\b(minus)\s+)?(-?\d+)", re.ASCII)  # "minus 1" is -1, as "minus one" is
 
 
 @dataclass(frozen=True)
@@ -159,10 +162,12 @@ def make_prompt(rng: random.Random, max_operand: int = MAX_OPERAND, ops: tuple[s
 
 
 def make_prompt_pool(n: int, seed: int, id_prefix: str = "p", max_operand: int = MAX_OPERAND,
-                     ops: tuple[str, ...] = tuple(OPS), result_tags: bool = True) -> pd.DataFrame:
+                     ops: tuple[str, ...] = tuple(OPS), result_tags: bool = True,
+                     held_out: frozenset[str] | set[str] = frozenset()) -> pd.DataFrame:
     """A `prompts` table of n prompts: prompt_id f"{id_prefix}{i:05d}", prompt, tags, source="sim".
 
-    Deterministic for a seed; draw eval prompts with another seed and id_prefix="e".
+    Deterministic for a seed; draw eval prompts with another seed and id_prefix="e", then the pool with
+    `held_out` = their texts: a draw of a held-out text is drawn again, so the pool never contains one.
     `max_operand` and `ops` set how hard the arithmetic is (gold reads both from the text).
     `result_tags` adds tags that reveal the result (zero-result, ...); the demo leaves them out
     because InsTag's tag balancing then over-samples those answers.
@@ -171,9 +176,16 @@ def make_prompt_pool(n: int, seed: int, id_prefix: str = "p", max_operand: int =
         raise ValueError(f"max_operand must be 0..9 and ops a non-empty subset of {tuple(OPS)}")
     rng = random.Random(seed)
     rows = []
-    for i in range(n):
+    draws_left = 100 * n + 10_000  # ends the loop when held_out covers (nearly) every text the world can write
+    while len(rows) < n:
         text, tags = make_prompt(rng, max_operand, tuple(ops), result_tags)
-        rows.append({"prompt_id": f"{id_prefix}{i:05d}", "prompt": text, "tags": tags, "source": "sim"})
+        draws_left -= 1
+        if draws_left < 0:
+            raise ValueError(f"the world's prompts are nearly all held out ({len(held_out)} held-out texts, "
+                             f"max_operand {max_operand}, operations {list(ops)}): raise world.max_operand, add "
+                             "operations or lower world.n_eval_prompts")
+        if text not in held_out:
+            rows.append({"prompt_id": f"{id_prefix}{len(rows):05d}", "prompt": text, "tags": tags, "source": "sim"})
     return pd.DataFrame(rows, columns=["prompt_id", "prompt", "tags", "source"])
 
 
@@ -190,9 +202,9 @@ def parse_answer(response: str) -> tuple[int | float | None, bool]:
     tail = response.rsplit("=", 1)[-1]
     found: list[tuple[int, int | float, bool]] = []  # (position, value, in words)
     for m in _DIGIT_NUMBER.finditer(tail):
-        digits = m.group().lstrip("-")
-        value = int(m.group()) if len(digits) <= 6 else float("inf")
-        found.append((m.start(), value, False))
+        number = m.group(2)
+        value = int(number) if len(number.lstrip("-")) <= 6 else float("inf")
+        found.append((m.start(), -value if m.group(1) else value, False))
     for m in _WORD_NUMBER.finditer(tail):
         tens, unit, small = m.group(2), m.group(3), m.group(4)
         if small is not None:
@@ -211,7 +223,7 @@ def _is_brief(response: str, problem: Problem) -> bool:
     text = response.strip().removeprefix(POLITE_MARKER).strip()
     if text.replace(" ", "").startswith(problem.expression + "="):
         text = text.split("=", 1)[1].strip()
-    return bool(re.fullmatch(r"-?\d+", text) or _WORD_NUMBER.fullmatch(text))
+    return bool(re.fullmatch(r"-?[0-9]+", text) or _WORD_NUMBER.fullmatch(text))
 
 
 def follows_style(style: str, problem: Problem, response: str) -> bool:
@@ -220,8 +232,8 @@ def follows_style(style: str, problem: Problem, response: str) -> bool:
         return _is_brief(response, problem)
     if style == "polite":
         return response.strip().startswith(POLITE_MARKER)
-    if style == "show-work":
-        return problem.expression + "=" in response.replace(" ", "")
+    if style == "show-work":  # the prompt's own expression, not one inside a longer number ("11+2=" for "1+2")
+        return re.search(r"(?<!\d)" + re.escape(problem.expression + "="), response.replace(" ", "")) is not None
     if style == "words":
         return parse_answer(response)[1]
     raise ValueError(f"unknown style {style!r}; known: {STYLES}")
@@ -238,8 +250,9 @@ def gold_components(prompt: str, response: str) -> dict[str, float]:
     else:
         correctness = CORRECT_WEIGHT * 2.0 ** (-min(abs(value - problem.truth), 1000))
     style = STYLE_WEIGHT * sum(follows_style(s, problem, response) for s in problem.styles)
-    garbage = GARBAGE_WEIGHT * sum(ch not in _ALPHABET for ch in response)
-    length = LENGTH_WEIGHT * max(0, len(response) - FREE_LENGTH)
+    data = response.encode("utf-8", errors="surrogatepass")  # charged per byte, as the docstring says
+    garbage = GARBAGE_WEIGHT * sum(byte not in _ALPHABET for byte in data)
+    length = LENGTH_WEIGHT * max(0, len(data) - FREE_LENGTH)
     return {"correctness": correctness, "style": style, "garbage": -garbage, "length": -length}
 
 
