@@ -157,6 +157,16 @@ def test_headline_numbers_are_real(two_rounds):
     # NaN when nothing was flipped; absent when the 8 held-out prompts gave no correctness-only pair
     for key in ("flip precision", "RM accuracy, correctness-only pairs"):
         assert h[key] is None or math.isnan(h[key]) or 0.0 <= h[key] <= 1.0, key
+    # real: recomputed from the artifacts the round wrote, not only in range
+    import pandas as pd
+
+    from rlhf_core.sim.metrics import gold_agreement_of_pairs
+
+    pairs = pd.read_parquet(Path(first["artifacts"]["import_annotations"]["path"]) / "comparisons.parquet")
+    denoised = pd.read_parquet(Path(first["artifacts"]["denoise"]["path"]) / "denoised.parquet")
+    assert h["pairs in total"] == len(pairs) == len(denoised)
+    assert h["annotator agreement with gold"] == pytest.approx(gold_agreement_of_pairs(pairs))
+    assert h["gold agreement after denoising"] == pytest.approx(gold_agreement_of_pairs(denoised))
 
 
 def test_second_identical_round_is_served_from_cache(two_rounds):
