@@ -56,9 +56,10 @@ def collect_annotations(ctx: RunContext, cfg: AnnotationConfig, world: WorldConf
         (out / "exports" / SIMULATED_EXPORT).write_text(json.dumps(export, indent=1))
         return {"annotators/simulated": 1.0, "annotators/n_tasks": len(tasks)}
 
-    config = {"annotation": cfg.model_dump(), "world": world.model_dump(), "seed": seed,
-              # a changed file must not be served from cache: its content is part of the key
-              "export_sha256": [sha256_file(f) for f in files]}
+    # The user's files are copied as they are: their content is the key, not the simulated crowd's settings (the
+    # world) or the seed, which only the simulated export reads. A changed file is never served from the cache.
+    config = ({"annotation": cfg.model_dump(), "export_sha256": [sha256_file(f) for f in files]} if files else
+              {"annotation": cfg.model_dump(), "world": world.model_dump(), "seed": seed, "export_sha256": []})
     return run_stage(ctx, stage="annotators", version=COLLECT_VERSION, kind="annotation_export", config=config,
                      inputs={"responses": responses}, produce=produce)
 

@@ -31,5 +31,6 @@ def denoise_pairs(ctx: RunContext, cfg: DenoiseConfig, comparisons: ArtifactRef,
             metrics.update({f"denoise/{k}": float(v) for k, v in flip_report(pairs, table).items()})
         return metrics
 
-    return run_stage(ctx, stage="denoise", version=VERSION, kind="denoised", config={"denoise": cfg.model_dump()},
+    return run_stage(ctx, stage="denoise", version=VERSION, kind="denoised",
+                     config={"denoise": cfg.model_dump(), "simulated": simulated},  # gold metrics: hit reports as miss
                      inputs={"comparisons": comparisons, "votes": votes}, produce=produce)

@@ -53,7 +53,8 @@ def vote_strength(ctx: RunContext, cfg: VotingConfig, comparisons: ArtifactRef, 
         return metrics
 
     return run_stage(ctx, stage="vote", version=VERSION, kind="votes",
-                     config={"voting": cfg.model_dump(exclude={"num_processes"}), "seed": seed},
+                     config={"voting": cfg.model_dump(exclude={"num_processes"}), "seed": seed,
+                             "simulated": simulated},  # gold metrics or not: a hit reports what a miss would
                      inputs={"comparisons": comparisons, "policy": policy}, produce=produce,
                      execution={"num_processes": cfg.num_processes})  # 1 and N ranks give the same votes
 

@@ -71,6 +71,14 @@ def test_same_file_same_digest_and_a_new_export_adds_only_new_pairs(prefect_api,
     _, _, ref_b = _tables(_round(allow_tmp / "w2", [first]))  # another store, same file
     assert ref_a.digest == ref_b.digest and len(a) == 20
 
+    # the simulated crowd's settings are not the key of real exports: the copied files are
+    again = _round(allow_tmp / "w1", [first], "world.annotator_error_max=0.4", "world.n_annotators=3",
+                   stop_after="annotators")
+    client = MlflowClient(again["mlflow"]["tracking_uri"])
+    stage = client.search_runs([client.get_run(again["mlflow"]["run_id"]).info.experiment_id],
+                               filter_string="tags.`rlhf.stage` = 'annotators'", order_by=["attributes.start_time DESC"])
+    assert stage[0].data.tags["rlhf.cache"] == "hit"
+
     merged, quarantine, _ = _tables(_round(allow_tmp / "w1", [first, second]))
     assert len(merged) == 30 and merged["pair_id"].is_unique
     assert set(a["pair_id"]) <= set(merged["pair_id"])

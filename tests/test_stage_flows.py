@@ -73,3 +73,28 @@ def test_an_artifact_is_found_by_kind_digest_prefix_or_directory(round_to_vote):
         find_artifact("votes:000000000000", "vote", store)
     with pytest.raises(ConfigError, match="neither kind:digest, a digest"):
         find_artifact("votes", "vote", store)
+
+
+def test_a_stage_without_gold_is_not_served_the_one_with_gold(round_to_vote):
+    """`simulated` decides whether the vote and denoise stages add gold metrics, so it is part of their keys: a hit
+    reports what a miss would."""
+    from rlhf_core.artifacts import ArtifactRef
+    from tasks.common import RunContext
+    from tasks.denoise import denoise_pairs
+    from tasks.tracking import Tracker
+    from tasks.voting import vote_strength
+
+    cfg, first = round_to_vote
+    art = {name: ArtifactRef(**first["artifacts"][name]) for name in ("import_annotations", "vote", "sft")}
+    tracker = Tracker(first["mlflow"]["tracking_uri"], cfg.experiment)
+    ctx = RunContext(workdir=cfg.workdir, tracking_uri=first["mlflow"]["tracking_uri"], experiment=cfg.experiment,
+                     parent_run_id=tracker.start_run("no-gold", {}), round_name="no-gold")
+    votes = vote_strength.fn(ctx, cfg.voting, art["import_annotations"], art["sft"], cfg.seed, simulated=False)
+    denoise_pairs.fn(ctx, cfg.denoise, art["import_annotations"], art["vote"], simulated=False)
+    assert votes.digest == art["vote"].digest  # the same votes, made again
+    client = MlflowClient(first["mlflow"]["tracking_uri"])
+    runs = {r.data.tags["rlhf.stage"]: r for r in client.search_runs(
+        [client.get_run(first["mlflow"]["run_id"]).info.experiment_id],
+        filter_string=f"tags.mlflow.parentRunId = '{ctx.parent_run_id}'")}
+    assert {stage: r.data.tags["rlhf.cache"] for stage, r in runs.items()} == {"vote": "miss", "denoise": "miss"}
+    assert not [k for r in runs.values() for k in r.data.metrics if "gold" in k or "flip_precision" in k]
