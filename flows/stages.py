@@ -22,7 +22,7 @@ from tasks.common import RunContext, lock_workdir
 from tasks.denoise import denoise_pairs
 from tasks.evaluation import evaluate
 from tasks.ppo import train_policy
-from tasks.promotion import starting_policy
+from tasks.promotion import lineage_tags, reward_model_tags, starting_policy, tag_registered_policy
 from tasks.reward import train_reward
 from tasks.voting import vote_strength
 
@@ -158,9 +158,14 @@ def rlhf_stage(stage: HeavyStageName = "denoise", inputs: dict[str, str] | None 
     with lock_workdir(config.workdir):
         ctx = open_round(config, run_name=f"stage-{stage}-{config.name}")
         try:
+            source = "stage_input"  # a policy given to rlhf-stage
             if "policy" in missing:  # the policy the round would improve: SFT, or the champion
-                refs["policy"], _ = starting_policy(ctx, config.iteration, refs["policy"], None)
+                refs["policy"], source = starting_policy(ctx, config.iteration, refs["policy"], None)
             ref = HEAVY_STAGES[stage].call(ctx, config, refs, config.seed, not config.annotation.exports)
+            if stage == "ppo":  # its registered version names what it started from and its reward model, as a round's
+                lineage = lineage_tags(ctx, refs["policy"], source)
+                ctx.tracker.set_tags(ctx.parent_run_id, lineage)
+                tag_registered_policy(ctx, ref, lineage | reward_model_tags(ctx, refs["reward"]))
         except BaseException:
             ctx.tracker.end_run(ctx.parent_run_id, status="FAILED")
             raise

@@ -74,7 +74,8 @@ def prepare(round_dir: Path, config: Path | None, overrides: list[str], out: Pat
                         round_dir)
     comparisons, _ = _one(made_by("comparisons", "import_annotations", responses=responses.digest),
                           "comparisons of the SFT policy's responses", round_dir)
-    voting_config = {"voting": cfg.voting.model_dump(mode="json", exclude={"num_processes"}), "seed": cfg.seed}
+    voting_config = {"voting": cfg.voting.model_dump(mode="json", exclude={"num_processes"}), "seed": cfg.seed,
+                     "simulated": not cfg.annotation.exports}  # the vote stage's config (tasks/voting.py)
     votes, _ = _one([(ref, m) for ref, m in made_by("votes", "vote", comparisons=comparisons.digest)
                      if m.config == voting_config], "vote on them with the given config (--config, --set)", round_dir)
     denoised, _ = _one(made_by("denoised", "denoise", votes=votes.digest), "denoised pairs", round_dir)

@@ -33,6 +33,7 @@ import pandas as pd
 from pydantic import BaseModel, ConfigDict
 
 import rlhf_core
+from rlhf_core.annotation.importer import is_export_name
 from rlhf_core.artifacts import ArtifactRef, ArtifactStore, Manifest, cache_key
 from rlhf_core.config import RESOLVED, config_digest
 from tasks.tracking import Tracker
@@ -68,16 +69,31 @@ def _tracker(uri: str, experiment: str, artifact_root: str) -> Tracker:
 
 
 @lru_cache(maxsize=1)
-def code_version() -> str:
-    """Package version plus the git commit when running from a checkout."""
+def git_state() -> tuple[str, bool]:
+    """(the commit, whether tracked files differ from it) of the checkout this code runs from; ("", False) outside
+    one or without git (the container image has none: its runs say the package version only)."""
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=Path(__file__).parent, capture_output=True, text=True,
+                              timeout=5).stdout.strip()
     try:
-        sha = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], cwd=Path(__file__).parent, capture_output=True, text=True,
-            timeout=5,
-        ).stdout.strip()
+        sha = git("rev-parse", "HEAD")
+        return sha, bool(sha and git("status", "--porcelain", "--untracked-files=no"))
     except (OSError, subprocess.SubprocessError):
-        sha = ""
-    return f"{rlhf_core.__version__}+{sha}" if sha else rlhf_core.__version__
+        return "", False
+
+
+def code_version() -> str:
+    """Package version plus the git commit when running from a checkout, ".dirty" when its tracked files were
+    changed (the commit alone would then name code that did not run)."""
+    sha, dirty = git_state()
+    return f"{rlhf_core.__version__}+{sha[:7]}{'.dirty' if dirty else ''}" if sha else rlhf_core.__version__
+
+
+def source_tags() -> dict[str, str]:
+    """MLflow's own source tags (the UI's Source and Version columns) for a run of this code."""
+    sha, _ = git_state()
+    return {"mlflow.source.name": "rlhf-pipeline", "mlflow.source.type": "PROJECT"} | (
+        {"mlflow.source.git.commit": sha} if sha else {})
 
 
 class WorkdirBusyError(RuntimeError):
@@ -264,6 +280,7 @@ def run_stage(
         "rlhf.round_no": str(ctx.round_no),
         "rlhf.cache_key": key,
         "rlhf.code_version": code_version(),
+        **source_tags(),
         "prefect.flow_run_id": ctx.flow_run_id,
         "prefect.task_run_id": _prefect_task_run_id(),
         **{f"rlhf.input.{n}": f"{r.kind}:{r.digest}" for n, r in inputs.items()},
@@ -350,9 +367,11 @@ def _log_outputs(store: ArtifactStore, tracker: Tracker, run_id: str, ref: Artif
                                metrics=metrics)
         return
     tracker.log_metrics(run_id, metrics)
-    for f in sorted(Path(ref.path).iterdir()):
-        if f.is_file() and f.suffix in {".parquet", ".json", ".png", ".csv"}:
-            tracker.log_artifact(run_id, f, "outputs")
+    root = Path(ref.path)
+    for f in sorted(root.rglob("*")):  # sub-folders too: the annotators' exports (the labels paid for) are in exports/
+        if f.is_file() and (f.suffix == ".png" or is_export_name(f.name)):  # tables, figures, exports, the manifest
+            folder = f.parent.relative_to(root)
+            tracker.log_artifact(run_id, f, "outputs" if folder == Path(".") else f"outputs/{folder.as_posix()}")
 
 
 MODEL_KINDS = {"policy", "reward_model"}

@@ -25,6 +25,7 @@ import mlflow
 import pandas as pd
 from mlflow import MlflowClient
 from mlflow.entities import DatasetInput, InputTag, LoggedModelOutput, LoggedModelStatus, Metric, Param, RunTag
+from mlflow.utils.validation import MAX_PARAM_VAL_LENGTH
 
 from rlhf_core.artifacts import atomic_write
 
@@ -32,7 +33,6 @@ log = logging.getLogger("rlhf")
 # a key that may name or hold a credential; "token" only as a word of the key (hf_token, access_token), so that
 # counts of tokens (max_new_tokens, max_tokens) are still logged
 SECRET_KEY = re.compile(r"(api[_-]?key|secret|password|credential|(^|[_.-])token($|[_.-]))", re.IGNORECASE)
-MAX_PARAM_LEN = 500  # MLflow's limit on a param value
 # The experiment's kind: MLflow 3 asks which kind an experiment without it is, and heads its runs "Training runs"
 EXPERIMENT_KIND, MODEL_TRAINING = "mlflow.experimentKind", "custom_model_development"
 # The UI's GenAI / model-training switch (MLflow 3.17) is not read from that tag: it is the link's `workflowType`
@@ -80,7 +80,10 @@ def check_tracking_server(uri: str, timeout_s: float = 5.0) -> None:
 
 
 def flatten_params(data: dict[str, Any], prefix: str = "") -> dict[str, str]:
-    """{"ppo": {"kl_coef": 0.05}} -> {"ppo.kl_coef": "0.05"}; secret-looking keys are dropped."""
+    """{"ppo": {"kl_coef": 0.05}} -> {"ppo.kl_coef": "0.05"}; secret-looking keys are dropped.
+
+    A list or tuple is written as JSON (["+", "-"] whichever a stage's config dump holds, so one search finds every
+    stage's); a value over MLflow's limit is cut visibly, with its length, never silently."""
     out: dict[str, str] = {}
     for key, value in data.items():
         name = f"{prefix}{key}"
@@ -88,8 +91,12 @@ def flatten_params(data: dict[str, Any], prefix: str = "") -> dict[str, str]:
             continue
         if isinstance(value, dict):
             out.update(flatten_params(value, prefix=f"{name}."))
-        else:
-            out[name] = str(value)[:MAX_PARAM_LEN]
+            continue
+        text = json.dumps(value, default=str) if isinstance(value, (list, tuple)) else str(value)
+        if len(text) > MAX_PARAM_VAL_LENGTH:
+            mark = f" ... [cut: {len(text)} characters]"
+            text = text[:MAX_PARAM_VAL_LENGTH - len(mark)] + mark
+        out[name] = text
     return out
 
 

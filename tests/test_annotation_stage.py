@@ -58,7 +58,8 @@ def test_hh_export_through_the_round_recorded_in_mlflow_and_prefect(prefect_api,
 
     with get_client(sync_client=True) as client:
         arts = client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["annotation-quarantine"])))
-    assert arts and arts[0].type == "table" and "200 input rows" in arts[0].description
+    arts = [a for a in arts if str(a.flow_run_id) == summary["prefect_flow_run_id"]]  # this round's, not another test's
+    assert len(arts) == 1 and arts[0].type == "table" and "200 input rows" in arts[0].description
 
 
 def test_same_file_same_digest_and_a_new_export_adds_only_new_pairs(prefect_api, allow_tmp):

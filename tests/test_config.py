@@ -1,5 +1,7 @@
 """Configs fail at the boundary, naming the key and the expected type."""
 
+import json
+
 import pytest
 
 from rlhf_core.config import ConfigError, PPOConfig, RoundConfig, config_digest, load_config, parse_config
@@ -133,6 +135,19 @@ def test_mlflow_params_drop_credential_keys_and_keep_token_counts():
     params = flatten_params({"generation": {"max_new_tokens": 24}, "evaluation": {"http": {
         "max_tokens": 1024, "api_key_env": "OPENAI_API_KEY", "secret_block": "openai"}}, "hf_token": "hf_x"})
     assert params == {"generation.max_new_tokens": "24", "evaluation.http.max_tokens": "1024"}
+
+
+def test_mlflow_params_write_sequences_as_json_and_cut_only_past_mlflows_limit_visibly():
+    from mlflow.utils.validation import MAX_PARAM_VAL_LENGTH
+
+    from tasks.tracking import flatten_params
+
+    shas = [f"{i:064x}" for i in range(8)]  # 8 exports' digests: 544 characters, all kept
+    params = flatten_params({"world": {"operations": ("+", "-")}, "ops": ["+", "-"], "export_sha256": shas,
+                             "huge": "x" * 7000})
+    assert params["world.operations"] == params["ops"] == '["+", "-"]'
+    assert json.loads(params["export_sha256"]) == shas
+    assert len(params["huge"]) == MAX_PARAM_VAL_LENGTH and params["huge"].endswith("... [cut: 7000 characters]")
 
 
 def test_judged_prompts_are_bounded_by_the_worlds_held_out_prompts_only_when_they_are_the_worlds():

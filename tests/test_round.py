@@ -47,6 +47,12 @@ def test_parent_and_nested_runs(two_rounds):
     assert all(r.data.tags["rlhf.cache"] == "miss" and r.info.status == "FINISHED" for r in children)
     assert all(r.data.tags["rlhf.device"].startswith("cpu: ") for r in children)  # where each stage ran
     assert all(r.data.tags["prefect.task_run_id"] for r in children)
+    # the code that ran: the commit in MLflow's own tag (the UI's Version column), ".dirty" when files were changed
+    from tasks.common import git_state
+
+    sha, dirty = git_state()
+    assert sha and all(r.data.tags["mlflow.source.git.commit"] == sha for r in [parent, *children])
+    assert parent.data.tags["rlhf.code_version"].endswith(sha[:7] + (".dirty" if dirty else ""))
     sft = next(r for r in children if r.data.tags["rlhf.stage"] == "sft").data.metrics
     assert 0.0 <= sft["sft/probe/top1_correct"] <= 1.0  # how sharply the policy the reward models start from knows
     assert math.isfinite(sft["sft/probe/gap_right_vs_off1"]) and math.isfinite(sft["sft/probe/gap_off1_vs_off2"])
@@ -104,6 +110,11 @@ def test_a_model_is_registered_once_per_digest_and_again_after_a_kill_lost_it(tw
     vote = next(r for r in _children(client, third["mlflow"]["run_id"]) if r.data.tags["rlhf.stage"] == "vote")
     assert vote.data.tags["rlhf.cache"] == "hit"
     assert any(f.path.endswith(".parquet") for f in client.list_artifacts(vote.info.run_id, "outputs"))
+    # ... and the labels themselves: the annotators' export, kept in a sub-folder of the artifact
+    annotators = next(r for r in _children(client, third["mlflow"]["run_id"])
+                      if r.data.tags["rlhf.stage"] == "annotators")
+    assert [f.path for f in client.list_artifacts(annotators.info.run_id, "outputs/exports")] == [
+        "outputs/exports/00-simulated-label-studio.json"]
 
 
 def test_runs_a_killed_round_left_running_are_closed_by_the_next_round(two_rounds):

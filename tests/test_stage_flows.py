@@ -98,3 +98,20 @@ def test_a_stage_without_gold_is_not_served_the_one_with_gold(round_to_vote):
         filter_string=f"tags.mlflow.parentRunId = '{ctx.parent_run_id}'")}
     assert {stage: r.data.tags["rlhf.cache"] for stage, r in runs.items()} == {"vote": "miss", "denoise": "miss"}
     assert not [k for r in runs.values() for k in r.data.metrics if "gold" in k or "flip_precision" in k]
+
+
+def test_ppo_alone_registers_its_policy_with_the_rounds_lineage_tags(round_to_vote):
+    """rlhf-stage ppo registers rlhf-policy as a round's ppo does, with what it started from and its reward model."""
+    from flows.stages import rlhf_stage
+
+    cfg, _ = round_to_vote
+    result = rlhf_stage(stage="ppo", config=cfg)  # every input from the round (its cache, or run now)
+    client = MlflowClient(result["mlflow"]["tracking_uri"])
+    version = next(v for v in client.search_model_versions("name = 'rlhf-policy'")
+                   if v.tags.get("rlhf.digest") == result["artifact"]["digest"])
+    assert version.tags["rlhf.start_policy.source"] == "sft"
+    assert version.tags["rlhf.start_policy.digest"] == result["inputs"]["policy"]["digest"]
+    assert version.tags["rlhf.reward_model.digest"] == result["inputs"]["reward"]["digest"]
+    assert "rlhf.reward_model.model_version" in version.tags and "rlhf.start_policy.model_version" in version.tags
+    parent = client.get_run(result["mlflow"]["run_id"]).data.tags
+    assert parent["rlhf.start_policy.digest"] == result["inputs"]["policy"]["digest"]
