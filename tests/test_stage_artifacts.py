@@ -35,7 +35,7 @@ def test_each_stage_and_the_round_publish_a_markdown_artifact_on_a_miss_and_on_a
                                                                   first["prefect_flow_run_id"]]
     hit, miss = world[0].data, world[1].data
     assert "served from the cache" in hit and "ran in" in miss
-    assert "The simulated prompt pool (to sample from) and the held-out evaluation prompts." in miss  # what it did
+    assert "The simulated prompt pool (to sample from) and the held-out evaluation prompts, held out by text" in miss
     assert "| world/n_prompts | 80 |" in miss and "| world/n_prompts | 80 |" in hit  # mini: 80 prompts
     stage_runs = client.search_runs([client.get_experiment_by_name("rlhf").experiment_id],
                                     filter_string="tags.`rlhf.stage` = 'world'", order_by=["start_time ASC"])
