@@ -196,7 +196,7 @@ StageName = Literal["world", "sft", "sample", "generate", "annotators", "import_
 def rlhf_round(config: RoundConfig = RoundConfig(), stop_after: StageName | None = None, round_no: int = 1,
                start_policy: ArtifactRef | None = None, config_path: str | None = None,
                earlier_pairs: ArtifactRef | None = None, annotation_exports: list[str] | None = None,
-               series_run_id: str | None = None) -> dict[str, Any]:
+               series_run_id: str | None = None, previous_round_run_id: str | None = None) -> dict[str, Any]:
     """One RLHF round on the configured world; returns the summary (also logged to MLflow).
 
     The world, the SFT policy, the reward-model backbone and the ptx data are those of round 1 in
@@ -218,21 +218,27 @@ def rlhf_round(config: RoundConfig = RoundConfig(), stop_after: StageName | None
         annotation_exports: annotation export files this round imports instead of the config's
             annotation.exports (rlhf-round/on-new-export sets it to the file rlhf-watch-exports announced).
         series_run_id: the MLflow run this round's run nests under (rlhf-rounds sets it to its own); empty = none.
+        previous_round_run_id: the MLflow run of the round this one follows (rlhf-round/next-round's trigger and
+            rlhf-rounds set it), kept as the tag rlhf.previous_round.run_id: chained rounds link back in MLflow.
 
     A round that runs to its evaluation emits the Prefect event rlhf.round.completed (flows/chaining.py),
     which rlhf-round/next-round's trigger turns into the next round.
     """
     config = checked_round_config(config, config_path, annotation_exports)
     with lock_workdir(config.workdir):  # one round at a time per workdir (its store, scratch and mlflow.db)
-        summary = _run_stages(config, stop_after, round_no, start_policy, earlier_pairs, series_run_id)
+        summary = _run_stages(config, stop_after, round_no, start_policy, earlier_pairs, series_run_id,
+                              previous_round_run_id)
     if stop_after is None:
         emit_event(**round_completed(config, summary, subflow=flow_run.parent_flow_run_id is not None))
     return summary
 
 
 def _run_stages(config: RoundConfig, stop_after: StageName | None, round_no: int, start_policy: ArtifactRef | None,
-                earlier_pairs: ArtifactRef | None, series_run_id: str | None = None) -> dict[str, Any]:
+                earlier_pairs: ArtifactRef | None, series_run_id: str | None = None,
+                previous_round_run_id: str | None = None) -> dict[str, Any]:
     ctx = open_round(config, round_no, series_run_id=series_run_id)
+    if previous_round_run_id:
+        ctx.tracker.set_tags(ctx.parent_run_id, {"rlhf.previous_round.run_id": previous_round_run_id})
     seed, simulated = config.seed + round_no - 1, not config.annotation.exports
     out: dict[str, ArtifactRef] = {}
 
@@ -357,10 +363,12 @@ def rlhf_rounds(config: RoundConfig = RoundConfig(), n_rounds: int = 2,
     summaries: list[dict[str, Any]] = []
     start: ArtifactRef | None = None
     pairs: ArtifactRef | None = None  # the pairs of the rounds so far
+    previous_run: str | None = None  # the round before's MLflow run
     try:
         for round_no in range(1, n_rounds + 1):
             summary = rlhf_round(config=config, round_no=round_no, start_policy=start, earlier_pairs=pairs,
-                                 series_run_id=series)
+                                 series_run_id=series, previous_round_run_id=previous_run)
+            previous_run = summary["mlflow"]["run_id"]
             summaries.append(summary)
             log_series_round(tracker, series, summary)
             if summary["stop"]:

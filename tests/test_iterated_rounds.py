@@ -102,6 +102,9 @@ def test_the_rounds_nest_under_one_mlflow_run_that_holds_their_headlines_per_rou
     round_runs = [client.get_run(r["mlflow"]["run_id"]) for r in (r1, r2)]
     series_id = round_runs[0].data.tags["mlflow.parentRunId"]
     assert round_runs[1].data.tags["mlflow.parentRunId"] == series_id
+    # round 2 links back to round 1's run (a chained round gets the same tag from next-round's trigger)
+    assert round_runs[1].data.tags["rlhf.previous_round.run_id"] == r1["mlflow"]["run_id"]
+    assert "rlhf.previous_round.run_id" not in round_runs[0].data.tags
     series = client.get_run(series_id)
     assert series.info.run_name == "rounds-mini" and series.info.status == "FINISHED"
     assert series.data.tags["rlhf.series_workdir"] == str(Path(workdir).resolve())

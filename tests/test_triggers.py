@@ -101,6 +101,7 @@ def test_a_finished_round_starts_the_next_one_and_a_round_that_says_stop_does_no
     assert parameters["round_no"] == 4
     assert parameters["start_policy"] == _summary(3, None)["artifacts"]["ppo"]
     assert parameters["earlier_pairs"] == _summary(3, None)["artifacts"]["import_annotations"]
+    assert parameters["previous_round_run_id"] == "r1"  # the finished round's MLflow run, tagged on the new one
     assert parameters["config"] == config.model_dump(mode="json")
 
 
