@@ -296,6 +296,9 @@ def run_stage(
                                  hit.digest[:12], version)
             tracker.set_tags(run_id, {"rlhf.cache": "hit", "rlhf.output": f"{hit.kind}:{hit.digest}",
                                       "rlhf.output_path": hit.path})
+            if (maker := tracker.producing_run(f"{hit.kind}:{hit.digest}")) is not None:  # who made it, and where
+                tracker.set_tags(run_id, {"rlhf.made_by.run_id": maker.info.run_id,
+                                          "rlhf.made_by.device": maker.data.tags.get("rlhf.device", "")})
             for figure in sorted(plots.glob("*.png")):
                 tracker.log_artifact(run_id, figure, "plots")
             replay_metric_history(tracker, run_id, plots / METRIC_HISTORY)  # e.g. PPO's curves, per iteration

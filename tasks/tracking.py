@@ -126,6 +126,13 @@ class Tracker:
         run = self.client.create_run(self.experiment_id, run_name=name, tags=tags)
         return run.info.run_id
 
+    def producing_run(self, output: str):
+        """The first run of this experiment that made `output` (`kind:digest`, a stage's tag rlhf.output), or None
+        (made in another experiment or store)."""
+        runs = self.client.search_runs([self.experiment_id], max_results=1, order_by=["attributes.start_time ASC"],
+                                       filter_string=f"tags.`rlhf.output` = '{output}' and tags.`rlhf.cache` = 'miss'")
+        return runs[0] if runs else None
+
     def run_link(self, run_id: str) -> str:
         """Markdown pointing at the run: a link into the MLflow UI for a tracking server, else the run id
         and the store (a local store has no UI address of its own)."""

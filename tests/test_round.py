@@ -188,6 +188,12 @@ def test_second_identical_round_is_served_from_cache(two_rounds):
     children = _children(client, second["mlflow"]["run_id"])
     assert {r.data.tags["rlhf.stage"] for r in children} == STAGES
     assert all(r.data.tags["rlhf.cache"] == "hit" for r in children)
+    # each hit names the run that made its artifact, and where that ran
+    made = {r.data.tags["rlhf.stage"]: r for r in _children(client, first["mlflow"]["run_id"])}
+    for run in children:
+        maker = made[run.data.tags["rlhf.stage"]]
+        assert run.data.tags["rlhf.made_by.run_id"] == maker.info.run_id
+        assert run.data.tags["rlhf.made_by.device"] == maker.data.tags["rlhf.device"]
     # a cached stage still shows the metrics its artifact was made with
     reward = next(r for r in children if r.data.tags["rlhf.stage"] == "reward")
     assert "reward/gold_accuracy_heldout" in reward.data.metrics
