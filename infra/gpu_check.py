@@ -74,10 +74,12 @@ def prepare(round_dir: Path, config: Path | None, overrides: list[str], out: Pat
                         round_dir)
     comparisons, _ = _one(made_by("comparisons", "import_annotations", responses=responses.digest),
                           "comparisons of the SFT policy's responses", round_dir)
-    voting_config = {"voting": cfg.voting.model_dump(mode="json", exclude={"num_processes"}), "seed": cfg.seed,
-                     "simulated": not cfg.annotation.exports}  # the vote stage's config (tasks/voting.py)
+    # the voting config and seed the votes were made with (an artifact keeps the manifest of its first making, so the
+    # rest of the stage's key, e.g. `simulated` since 2026-11-28, may be missing from an older one)
+    voting_config = {"voting": cfg.voting.model_dump(mode="json", exclude={"num_processes"}), "seed": cfg.seed}
     votes, _ = _one([(ref, m) for ref, m in made_by("votes", "vote", comparisons=comparisons.digest)
-                     if m.config == voting_config], "vote on them with the given config (--config, --set)", round_dir)
+                     if {k: m.config.get(k) for k in voting_config} == voting_config],
+                    "vote on them with the given config (--config, --set)", round_dir)
     denoised, _ = _one(made_by("denoised", "denoise", votes=votes.digest), "denoised pairs", round_dir)
     _, reward = _one([(ref, m) for ref, m in made_by("reward_model", "reward", denoised=denoised.digest)
                       if m.config["reward"]["train"] == cfg.reward.train.model_dump(mode="json")],
