@@ -290,6 +290,7 @@ def run_stage(
     try:
         tracker.log_params(run_id, cfg_dict | ({"execution": execution} if execution else {}))
         _log_input_tables(tracker, run_id, inputs)
+        tracker.log_model_inputs(run_id, [ref.digest for ref in inputs.values() if ref.kind in MODEL_KINDS])
         hit = store.lookup(key)
         if hit is not None:
             _stage_logger().info("stage %s: served from the cache (%s %s, stage version %s)", stage, hit.kind,

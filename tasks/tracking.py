@@ -24,7 +24,8 @@ from typing import Any, Iterator
 import mlflow
 import pandas as pd
 from mlflow import MlflowClient
-from mlflow.entities import DatasetInput, InputTag, LoggedModelOutput, LoggedModelStatus, Metric, Param, RunTag
+from mlflow.entities import (DatasetInput, InputTag, LoggedModelInput, LoggedModelOutput, LoggedModelStatus, Metric,
+                             Param, RunTag)
 from mlflow.utils.validation import MAX_PARAM_VAL_LENGTH
 
 from rlhf_core.artifacts import atomic_write
@@ -125,6 +126,17 @@ class Tracker:
             tags["mlflow.parentRunId"] = parent_run_id
         run = self.client.create_run(self.experiment_id, run_name=name, tags=tags)
         return run.info.run_id
+
+    def log_model_inputs(self, run_id: str, digests: list[str]) -> None:
+        """The logged models of these artifact digests (tag rlhf.digest) as the run's model inputs: the UI then draws
+        which models a stage read (a policy, a reward model). A model this experiment never logged is left out."""
+        models = []
+        for digest in digests:
+            found = self.client.search_logged_models([self.experiment_id], max_results=1,
+                                                     filter_string=f"tags.`rlhf.digest` = '{digest}'")
+            models += [LoggedModelInput(model_id=found[0].model_id)] if found else []
+        if models:
+            self.client.log_inputs(run_id, models=models)
 
     def producing_run(self, output: str):
         """The first run of this experiment that made `output` (`kind:digest`, a stage's tag rlhf.output), or None

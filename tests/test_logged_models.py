@@ -104,6 +104,20 @@ def test_the_base_model_is_what_each_model_was_initialised_from(rounds):
                     "ppo": f"policy:{sft_digest}"}  # round 1's PPO starts from SFT
 
 
+def test_each_stage_run_lists_the_logged_models_it_read_as_model_inputs(rounds):
+    """PPO read the SFT policy and the reward model, the reward stage the SFT policy: the runs say so (MLflow's
+    model inputs, which the UI draws), by the models' logged ids."""
+    summary = rounds["miss"]
+    client = _client(summary)
+    model_of = {stage: _logged(client, summary, stage)[2].model_id for stage in MODELS}
+    runs = {stage: client.get_run(_stage_run(client, summary, stage).info.run_id)  # search_runs leaves model inputs out
+            for stage in ("reward", "ppo", "evaluate")}
+    read = {stage: {i.model_id for i in run.inputs.model_inputs} for stage, run in runs.items()}
+    assert read["reward"] == {model_of["sft"]}
+    assert read["ppo"] == {model_of["sft"], model_of["reward"]}
+    assert read["evaluate"] == {model_of["sft"], model_of["reward"], model_of["ppo"]}
+
+
 @pytest.mark.parametrize("which", ["miss", "hit"])
 def test_lineage_leads_from_the_policy_to_its_reward_model_to_votes_and_annotations(rounds, which):
     summary = rounds[which]
