@@ -32,7 +32,7 @@ from rlhf_core.config import RESOLVED, ConfigError, RoundConfig, config_digest, 
 from rlhf_core.annotation.importer import check_exports
 from rlhf_core.paths import allowed_roots, check_config_paths, resolve_allowed
 from tasks.annotation import collect_annotations, import_annotations
-from tasks.common import RunContext, code_version, lock_workdir, publish_markdown, source_tags
+from tasks.common import RunContext, code_tags, lock_workdir, publish_markdown
 from tasks.evaluation import evaluate
 from tasks.generation import generate
 from tasks.iteration import stop_reason, training_pairs
@@ -100,9 +100,9 @@ def workdir_tracker(config: RoundConfig) -> tuple[Path, Tracker]:
 
 def run_tags(config: RoundConfig) -> dict[str, str]:
     """The tags a round's and an rlhf-rounds' MLflow run share: the config and code, and the Prefect flow run."""
-    return {"rlhf.round": config.name, "rlhf.config_digest": config_digest(config), "rlhf.code_version": code_version(),
+    return {"rlhf.round": config.name, "rlhf.config_digest": config_digest(config), **code_tags(),
             "prefect.flow_run_id": str(flow_run.id or ""), "prefect.flow_run_name": str(flow_run.name or ""),
-            "prefect.flow_run_url": str(flow_run.ui_url or "")} | source_tags()
+            "prefect.flow_run_url": str(flow_run.ui_url or "")}
 
 
 def close_what_killed_rounds_left(workdir: Path, tracker: Tracker) -> None:

@@ -915,14 +915,11 @@ def deep_merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
 
 
 def parse_config(data: dict[str, Any] | None, cls: type[StrictModel] = RoundConfig, source: str = "<dict>"):
-    """Validate a mapping into `cls`, raising ConfigError with one line per bad key.
-
-    The mapping is merged over `cls()`'s own values, so `ppo: {iterations: 10}` changes one key
-    and keeps the round's other PPO settings (pydantic alone would rebuild the whole section
-    from PPOConfig's defaults).
+    """Validate a mapping into `cls`, raising ConfigError with one line per bad key. A section given in part keeps
+    the round's other values (`ppo: {iterations: 10}` keeps its policy_lr): StrictModel merges it over the default.
     """
     try:
-        return cls.model_validate(deep_merge(cls().model_dump(mode="python"), data or {}))
+        return cls.model_validate(data or {})
     except ValidationError as err:
         raise ConfigError(_format_errors(err, source)) from None
 

@@ -58,8 +58,9 @@ def collect_annotations(ctx: RunContext, cfg: AnnotationConfig, world: WorldConf
 
     # The user's files are copied as they are: their content is the key, not the simulated crowd's settings (the
     # world) or the seed, which only the simulated export reads. A changed file is never served from the cache.
-    config = ({"annotation": cfg.model_dump(), "export_sha256": [sha256_file(f) for f in files]} if files else
-              {"annotation": cfg.model_dump(), "world": world.model_dump(), "seed": seed, "export_sha256": []})
+    config = {"annotation": cfg.model_dump(), "export_sha256": [sha256_file(f) for f in files]}
+    if not files:
+        config |= {"world": world.model_dump(), "seed": seed}
     return run_stage(ctx, stage="annotators", version=COLLECT_VERSION, kind="annotation_export", config=config,
                      inputs={"responses": responses}, produce=produce)
 

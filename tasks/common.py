@@ -89,11 +89,11 @@ def code_version() -> str:
     return f"{rlhf_core.__version__}+{sha[:7]}{'.dirty' if dirty else ''}" if sha else rlhf_core.__version__
 
 
-def source_tags() -> dict[str, str]:
-    """MLflow's own source tags (the UI's Source and Version columns) for a run of this code."""
+def code_tags() -> dict[str, str]:
+    """The code a run ran: rlhf.code_version, and MLflow's own source tags (the UI's Source and Version columns)."""
     sha, _ = git_state()
-    return {"mlflow.source.name": "rlhf-pipeline", "mlflow.source.type": "PROJECT"} | (
-        {"mlflow.source.git.commit": sha} if sha else {})
+    return {"rlhf.code_version": code_version(), "mlflow.source.name": "rlhf-pipeline",
+            "mlflow.source.type": "PROJECT"} | ({"mlflow.source.git.commit": sha} if sha else {})
 
 
 class WorkdirBusyError(RuntimeError):
@@ -279,8 +279,7 @@ def run_stage(
         "rlhf.round": ctx.round_name,
         "rlhf.round_no": str(ctx.round_no),
         "rlhf.cache_key": key,
-        "rlhf.code_version": code_version(),
-        **source_tags(),
+        **code_tags(),
         "prefect.flow_run_id": ctx.flow_run_id,
         "prefect.task_run_id": _prefect_task_run_id(),
         **{f"rlhf.input.{n}": f"{r.kind}:{r.digest}" for n, r in inputs.items()},

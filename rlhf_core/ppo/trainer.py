@@ -347,8 +347,9 @@ def train_ppo(
     cfg.ptx_coef > 0). gold_fn: the true reward where it is known (the simulated world), logged as
     objective/gold and never trained on. checkpoint_dir: where a checkpoint is written every
     cfg.checkpoint_every iterations; a checkpoint found there is resumed, and the iterations it
-    holds are passed to `on_iteration` again first, then `on_resume` gets their number. Returns (policy, tokenizer, history), one
-    metrics dict per iteration. Deterministic for a given seed on a given machine, resumed or not.
+    holds are passed to `on_iteration` again first, then `on_resume` gets their number. Returns (policy,
+    tokenizer, history), one metrics dict per iteration. Deterministic for a given seed on a given machine,
+    resumed or not.
 
     Data parallel when world_size > 1 (torch.distributed initialised, e.g. by the ppo worker): this rank
     samples and scores its contiguous share of each rollout's prompts, every rank gets the whole rollout,
