@@ -291,6 +291,7 @@ def write_report(rows: list[dict], out: Path, annotator_error_max: float | None 
         gains = [] if base is None else [100 * (s["all"][k] - base[k]) for k in s.index if k in base.index]
         delta = "n/a" if not gains else f"{np.mean(gains):+.1f} (" + ", ".join(f"{g:+.1f}" for g in gains) + ")"
         cells = [_cell(s[t].tolist()) if t in s else "n/a" for t in TYPES]
+        what = what.replace("|", "\\|")  # |z| in a table cell: escaped, or it splits the cell
         lines.append(f"| {source} | {what} | {_cell(s['all'].tolist())} | {delta} | " + " | ".join(cells)
                      + f" | {_cell(s['label_accuracy'].tolist())} | {_cell(s['n'].tolist(), '.0f')} |")
     lines += ["", "Where the training labels are wrong: their agreement with gold per pair type (mean over seeds, "

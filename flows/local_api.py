@@ -25,6 +25,7 @@ from typing import Callable
 
 log = logging.getLogger("rlhf")
 START_ATTEMPTS = 3  # a port taken between choosing it and the server binding it: try another
+_started: LocalAPI | None = None  # the local API this process launched, if it did
 
 
 class LocalAPIError(RuntimeError):
@@ -104,13 +105,20 @@ def start_local_api() -> Callable[[], None]:
 
     if PREFECT_API_URL.value() or not PREFECT_SERVER_EPHEMERAL_ENABLED.value():
         return lambda: None
-    server = LocalAPI()
+    global _started
+    server = _started = LocalAPI()
     server.launch()
     atexit.register(server.stop)
     _point_prefect_at(server.api_url)
     log.info("Prefect's local API starting on %s (set PREFECT_API_URL to use a long-lived server)", server.api_url)
     timeout_s = float(PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS.value())
     return lambda: server.wait_healthy(timeout_s)
+
+
+def runs_on_local_api() -> bool:
+    """Whether this process's flows run on the local API it launched: that API and its run pages end with the
+    process, so a link to them is dead once the command returns."""
+    return _started is not None
 
 
 def _point_prefect_at(api_url: str) -> None:

@@ -26,6 +26,7 @@ from prefect.runtime import flow_run
 import rlhf_core
 from flows.chaining import round_completed
 from flows.cli import load_round_config
+from flows.local_api import runs_on_local_api
 from flows.stages import HEAVY_STAGES
 from rlhf_core.artifacts import ArtifactRef, ArtifactStore
 from rlhf_core.config import RESOLVED, ConfigError, RoundConfig, config_digest, deep_merge, load_config, parse_config
@@ -99,10 +100,11 @@ def workdir_tracker(config: RoundConfig) -> tuple[Path, Tracker]:
 
 
 def run_tags(config: RoundConfig) -> dict[str, str]:
-    """The tags a round's and an rlhf-rounds' MLflow run share: the config and code, and the Prefect flow run."""
+    """The tags a round's and an rlhf-rounds' MLflow run share: the config and code, and the Prefect flow run (its
+    UI link only where the Prefect API outlives the command: a command-line round's local API does not)."""
     return {"rlhf.round": config.name, "rlhf.config_digest": config_digest(config), **code_tags(),
             "prefect.flow_run_id": str(flow_run.id or ""), "prefect.flow_run_name": str(flow_run.name or ""),
-            "prefect.flow_run_url": str(flow_run.ui_url or "")}
+            "prefect.flow_run_url": "" if runs_on_local_api() else str(flow_run.ui_url or "")}
 
 
 def close_what_killed_rounds_left(workdir: Path, tracker: Tracker) -> None:

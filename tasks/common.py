@@ -302,8 +302,10 @@ def run_stage(
             for figure in sorted(plots.glob("*.png")):
                 tracker.log_artifact(run_id, figure, "plots")
             replay_metric_history(tracker, run_id, plots / METRIC_HISTORY)  # e.g. PPO's curves, per iteration
-            # metrics and outputs as on a miss; this also registers a model whose first run was killed before it could
-            _log_outputs(store, tracker, run_id, hit, store.manifest(hit).metrics, register_as)
+            # metrics and outputs as on a miss, but the time the maker took (its run, made_by, has it): this run
+            # took none of it. This also registers a model whose first run was killed before it could
+            made = {k: v for k, v in store.manifest(hit).metrics.items() if k != "time/stage_seconds"}
+            _log_outputs(store, tracker, run_id, hit, made, register_as)
             tracker.end_run(run_id)
             _publish_stage(stage, ctx, hit, store.manifest(hit).metrics, cached=True, run_id=run_id)
             return hit
@@ -348,8 +350,15 @@ def freeze_long_lived_objects() -> None:
 
 
 def _log_input_tables(tracker: Tracker, run_id: str, inputs: dict[str, ArtifactRef]) -> None:
+    """The tables of the run's data inputs as MLflow dataset inputs. A model input is a logged model input instead
+    (its folder's tables, e.g. the SFT policy's demonstrations, are what made it, not what this stage reads), and a
+    quarantine table holds the rows the import refused, which no stage reads."""
     for name, ref in inputs.items():
+        if ref.kind in MODEL_KINDS:
+            continue
         for table in sorted(Path(ref.path).glob("*.parquet")):
+            if table.name == "quarantine.parquet":
+                continue
             df = pd.read_parquet(table)
             tracker.log_table_input(run_id, df, path=table, name=f"{name}/{table.stem}", digest=ref.digest)
 
@@ -384,8 +393,10 @@ LINEAGE_KINDS = ("votes", "comparisons", "annotation_export")  # the data a mode
 def data_lineage(store: ArtifactStore, manifest: Manifest) -> dict[str, str]:
     """rlhf.lineage.<kind>: the digests (comma-separated, nearest first) of the votes, comparison pairs and
     annotation exports upstream of an artifact, walked through data artifacts only (a model input has its own
-    registered version and lineage)."""
+    registered version and lineage). rlhf.lineage.unresolved: the inputs (kind:digest) whose own inputs are not in
+    this store (an artifact given from another work dir), where the walk had to stop: the lineage is partial there."""
     found: dict[str, list[str]] = {kind: [] for kind in LINEAGE_KINDS}
+    unresolved: list[str] = []
     todo, seen = [i for i in manifest.inputs if i.kind not in MODEL_KINDS], set()
     while todo:
         item = todo.pop(0)
@@ -396,9 +407,11 @@ def data_lineage(store: ArtifactStore, manifest: Manifest) -> dict[str, str]:
             found[item.kind].append(item.digest)
         try:
             upstream = store.manifest(store.find(item.kind, item.digest)).inputs
-        except FileNotFoundError:  # an input from outside the store (a registered model downloaded)
+        except FileNotFoundError:  # an input from outside the store: say so rather than stop silently
+            unresolved.append(f"{item.kind}:{item.digest}")
             continue
         todo += [i for i in upstream if i.kind not in MODEL_KINDS]
+    found["unresolved"] = unresolved
     return {f"rlhf.lineage.{kind}": ",".join(digests) for kind, digests in found.items() if digests}
 
 

@@ -315,9 +315,13 @@ class Tracker:
         self.client.set_registered_model_alias(name, alias, str(version))
 
     def tag_model_version(self, name: str, version: str | int, tags: dict[str, Any]) -> None:
+        """Tags on a registered version and on the logged model it was created from (the Models tab shows the
+        logged model's, the registry the version's: the same lineage in both)."""
+        tags = {k: str(v) for k, v in tags.items() if not SECRET_KEY.search(k)}
         for key, value in tags.items():
-            if not SECRET_KEY.search(key):
-                self.client.set_model_version_tag(name, str(version), key, str(value))
+            self.client.set_model_version_tag(name, str(version), key, value)
+        if (model_id := logged_model_id(self.client.get_model_version(name, str(version)))) is not None:
+            self.client.set_logged_model_tags(model_id, tags)
 
 
 def logged_model_id(version) -> str | None:

@@ -51,11 +51,10 @@ def test_a_config_naming_a_file_outside_the_allowed_roots_is_refused(tmp_path, m
     assert runner.invoke(app, ["demo", "--config", str(cfg)]).exit_code == 2
 
 
-def test_a_dead_tracking_server_fails_in_seconds_with_one_line(tmp_path, monkeypatch):
+def test_a_dead_tracking_server_fails_in_seconds_with_one_line(prefect_api, tmp_path, monkeypatch):
     import time
 
     from flows.round import rlhf_round
-    from rlhf_core.config import RoundConfig
     from tasks.tracking import TrackingUnavailableError
 
     with socket.socket() as s:  # a loopback port nobody listens on
@@ -67,9 +66,9 @@ def test_a_dead_tracking_server_fails_in_seconds_with_one_line(tmp_path, monkeyp
     assert result.exit_code == 2 and time.time() - start < 30
     assert f"the MLflow tracking server http://127.0.0.1:{port} does not answer" in result.output
     assert "Traceback" not in result.output and not (tmp_path / "w").exists()
-    # the flow itself (a run triggered from the UI) fails before any stage, too
+    # the flow itself, run as the UI runs it (a Prefect flow run, its parameters as JSON), fails before any stage
     with pytest.raises(TrackingUnavailableError):
-        rlhf_round.fn(config=RoundConfig(workdir=str(tmp_path / "w2")))
+        rlhf_round(config={"workdir": str(tmp_path / "w2")})
     assert not (tmp_path / "w2").exists()
 
 
@@ -95,10 +94,10 @@ def test_a_second_round_in_a_busy_workdir_fails_at_once_naming_the_holder(tmp_pa
     ("truncated.parquet", b"PAR1\x15\x04\x15"),
     ("utf16.csv", "prompt_id,response_id,score,annotator\np,r,1,a\n".encode("utf-16")),
 ])
-def test_a_bad_whole_export_is_refused_before_any_work_naming_its_key_and_path(tmp_path, monkeypatch, name, content):
+def test_a_bad_whole_export_is_refused_before_any_work_naming_its_key_and_path(prefect_api, tmp_path, monkeypatch,
+                                                                              name, content):
     from flows.round import rlhf_round
     from rlhf_core.annotation.importer import ImportFormatError
-    from rlhf_core.config import RoundConfig
 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "exports").mkdir()
@@ -110,9 +109,9 @@ def test_a_bad_whole_export_is_refused_before_any_work_naming_its_key_and_path(t
     assert result.exit_code == 2, result.output
     assert f"annotation.exports[1]: exports/{name}: " in result.output and "Traceback" not in result.output
     assert not (tmp_path / "w").exists()
-    with pytest.raises(ImportFormatError, match=r"annotation.exports\[1\]"):  # the flow (a UI run) refuses it too
-        rlhf_round.fn(config=RoundConfig(workdir=str(tmp_path / "w"),
-                                         annotation={"exports": ["exports/good.jsonl", f"exports/{name}"]}))
+    with pytest.raises(ImportFormatError, match=r"annotation.exports\[1\]"):  # a UI run (a flow run, JSON) too
+        rlhf_round(config={"workdir": str(tmp_path / "w"),
+                           "annotation": {"exports": ["exports/good.jsonl", f"exports/{name}"]}})
     assert not (tmp_path / "w").exists()
 
 
@@ -134,7 +133,7 @@ def test_the_summary_says_what_promotion_decided_and_why_iterated_rounds_stop(ca
 
 LOCAL_API_SCRIPT = """
 import os, sys
-from flows.local_api import start_local_api
+from flows.local_api import runs_on_local_api, start_local_api
 
 wait = start_local_api()
 url = os.environ.get("PREFECT_API_URL")
@@ -145,7 +144,7 @@ from prefect import flow
 from prefect.client.orchestration import get_client
 
 if url.endswith(":9/api"):  # PREFECT_API_URL named a server: nothing started, nothing changed
-    print("no-op", url)
+    print("no-op", url, runs_on_local_api())
     raise SystemExit(0)
 
 @flow
@@ -155,7 +154,8 @@ def tiny() -> int:
 assert tiny() == 1
 with get_client(sync_client=True) as client:
     ran_here = client.read_flow_runs()[0].name
-    print("api", client.api_url == url + "/", "prefect.server.api.server" in sys.modules, bool(ran_here))
+    print("api", client.api_url == url + "/", "prefect.server.api.server" in sys.modules, bool(ran_here),
+          runs_on_local_api())  # a round here leaves its MLflow run no link to this API's pages
 """
 
 
@@ -176,7 +176,7 @@ def test_the_cli_starts_prefects_local_api_early_and_the_flow_uses_that_server(t
                           cwd=Path(__file__).parents[1], timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     last = done.stdout.strip().splitlines()[-1]
-    assert last == (f"no-op {api_url}" if api_url else "api True False True")
+    assert last == (f"no-op {api_url} False" if api_url else "api True False True True")
     if not api_url:  # the server went with the process: nothing listens on its port any more
         url = done.stdout.split("url ", 1)[1].split()[0]
         assert not _listening(int(url.rsplit(":", 1)[1].split("/")[0]))

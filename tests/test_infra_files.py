@@ -121,7 +121,7 @@ def test_the_docs_show_how_to_use_each_template():
         assert command in docs, command
 
 
-def test_every_deployment_config_in_prefect_yaml_is_valid_and_the_schedule_improves_the_champion():
+def test_every_deployment_config_in_prefect_yaml_is_valid_and_the_weekly_schedule_starts_from_the_champion():
     from rlhf_core.config import RoundConfig
 
     deployments = {d["name"]: d for d in yaml.safe_load((ROOT / "prefect.yaml").read_text())["deployments"]}

@@ -56,7 +56,7 @@ def test_round_2_votes_and_trains_on_the_pairs_of_rounds_1_and_2(iterated):
     assert _inputs(store, r2, "reward")["comparisons"] == accumulated
     votes = read_table("votes", _ref(r2, "vote").file("votes.parquet"))
     assert len(votes) == n1 + n2  # re-voted: every accumulated pair has a strength
-    # round 2 improved round 1's policy and was judged against it
+    # round 2 trained from round 1's policy and was judged against it
     assert _inputs(store, r2, "ppo")["policy"] == r1["artifacts"]["ppo"]["digest"]
     assert _inputs(store, r2, "evaluate_vs_previous")["baseline"] == r1["artifacts"]["ppo"]["digest"]
 

@@ -93,6 +93,8 @@ def test_each_model_is_a_ready_logged_model_of_its_stage_run(rounds, which, stag
                                                                              manifest.stage_version)
     # the stage's numbers, linked to the model from its run (NaN is not logged)
     numbers = {k: v for k, v in manifest.metrics.items() if not math.isnan(v)}
+    if which == "hit":  # the maker's time is the maker's: the hit's run did not spend it
+        assert numbers.pop("time/stage_seconds") > 0 and "time/stage_seconds" not in run.data.metrics
     assert {m.key: m.value for m in model.metrics} == pytest.approx(numbers)
     assert {m.run_id for m in model.metrics} == {run.info.run_id}
 
@@ -123,13 +125,32 @@ def test_lineage_leads_from_the_policy_to_its_reward_model_to_votes_and_annotati
     summary = rounds[which]
     client, digest = _client(summary), {stage: ref["digest"] for stage, ref in summary["artifacts"].items()}
     _, reward, _ = _logged(client, summary, "reward")
-    _, policy, _ = _logged(client, summary, "ppo")
+    _, policy, policy_model = _logged(client, summary, "ppo")
     assert policy.tags["rlhf.reward_model.model_version"] == f"rlhf-reward-model/{reward.version}"
+    # the logged model (the Models tab) carries the same lineage as its registered version
+    lineage = {k: v for k, v in policy.tags.items() if k.startswith(("rlhf.reward_model.", "rlhf.start_policy."))}
+    assert len(lineage) == 5 and lineage.items() <= policy_model.tags.items()
     assert policy.tags["rlhf.input.reward_model"] == f"reward_model:{digest['reward']}"
     assert reward.tags["rlhf.lineage.votes"] == digest["vote"]
     assert reward.tags["rlhf.lineage.comparisons"] == digest["import_annotations"]  # the imported pairs
     assert reward.tags["rlhf.lineage.annotation_export"] == digest["annotators"]  # the annotators' files
     assert reward.tags["rlhf.input.denoised"] == f"denoised:{digest['denoise']}"
+    assert "rlhf.lineage.unresolved" not in reward.tags  # a round's own artifacts: the walk went all the way
+
+
+def test_lineage_says_where_it_stops_at_an_artifact_from_another_store(tmp_path):
+    """A reward model trained on votes given from another work dir: the walk cannot go past them, and the tags
+    say so (rlhf.lineage.unresolved) instead of looking like a model trained on votes of no pairs."""
+    from tasks.common import data_lineage
+
+    store = ArtifactStore(tmp_path / "artifacts")
+    elsewhere = ArtifactRef(kind="votes", digest="ab" * 32, path=str(tmp_path / "other" / "votes"))
+    with store.staging() as staged:
+        (staged / "model.safetensors").write_bytes(b"weights")
+        ref = store.commit(staged, kind="reward_model", stage="reward", stage_version="1", code_version="test",
+                           config={}, config_digest="c", inputs={"votes": elsewhere}, cache_key="k")
+    assert data_lineage(store, store.manifest(ref)) == {"rlhf.lineage.votes": "ab" * 32,
+                                                        "rlhf.lineage.unresolved": f"votes:{'ab' * 32}"}
 
 
 def test_a_cache_hit_on_a_new_store_shows_what_the_miss_showed(rounds):
@@ -139,7 +160,9 @@ def test_a_cache_hit_on_a_new_store_shows_what_the_miss_showed(rounds):
         for stage in MODELS:
             _, version, model = _logged(client, summary, stage)
             tags = {k: v for k, v in version.tags.items() if k.startswith("rlhf.")}
-            out[stage] = (version.version, tags, model.params, sorted(m.key for m in model.metrics))
+            # but the time the stage took, which only the run that trained the model spent
+            out[stage] = (version.version, tags, model.params,
+                          sorted(m.key for m in model.metrics if m.key != "time/stage_seconds"))
         return out
 
     assert shown(rounds["hit"]) == shown(rounds["miss"])

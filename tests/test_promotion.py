@@ -1,6 +1,7 @@
 """Promotion to rlhf-policy@champion through real rounds of the miniature config (a real Prefect API, a
 real MLflow registry in a temp dir): not promoted at or below the threshold, promoted above it, and a
-round that starts from the champion generates with and improves that very version."""
+round that starts from the champion generates with, trains from and is judged against that very version (whether
+it improves is measured, not tested: docs/iterated-rounds.md)."""
 
 from pathlib import Path
 
@@ -85,7 +86,7 @@ def test_a_policy_judged_above_the_threshold_becomes_champion(rounds):
     assert client.get_run(promoted["mlflow"]["run_id"]).data.tags["rlhf.promotion"] == "promoted to champion"
 
 
-def test_a_round_started_from_the_champion_improves_that_version(rounds):
+def test_a_round_started_from_the_champion_trains_from_and_is_judged_against_that_version(rounds):
     workdir, kept, _, from_champion = rounds
     champion_digest = kept["artifacts"]["ppo"]["digest"]
     assert _inputs(workdir, from_champion, "generate")["policy"] == champion_digest

@@ -41,6 +41,8 @@ def test_parent_and_nested_runs(two_rounds):
     parent = client.get_run(first["mlflow"]["run_id"])
     assert parent.info.status == "FINISHED"
     assert parent.data.tags["prefect.flow_run_id"] == first["prefect_flow_run_id"] != ""
+    # a server that outlives the round (here the test's): the run links to the flow run's page
+    assert parent.data.tags["prefect.flow_run_url"].endswith(f"/flow-run/{first['prefect_flow_run_id']}")
     assert parent.data.params["ppo.kl_coef"] == str(cfg.ppo.kl_coef)
     children = _children(client, parent.info.run_id)
     assert {r.data.tags["rlhf.stage"] for r in children} == STAGES and len(children) == len(STAGES)
@@ -66,6 +68,10 @@ def test_inputs_logged_with_full_content_digests(two_rounds):
     comparisons_digest = first["artifacts"]["import_annotations"]["digest"]
     assert datasets["comparisons/comparisons"].digest == comparisons_digest[:36]
     assert vote.data.tags["rlhf.input.policy"] == f"policy:{first['artifacts']['sft']['digest']}"
+    # the data the stage reads, not a model's own files (the SFT policy's demonstrations) nor the refused rows
+    assert "comparisons/quarantine" not in datasets and not any(n.startswith("policy/") for n in datasets)
+    assert all(not d.dataset.name.startswith("policy/")
+               for r in _children(client, first["mlflow"]["run_id"]) for d in r.inputs.dataset_inputs)
 
 
 def test_models_registered_and_reload_with_transformers(two_rounds, tmp_path):
@@ -218,7 +224,7 @@ def test_prefect_recorded_the_flow_and_its_tasks(two_rounds):
     assert {t.name.split("-")[0] for t in tasks} >= {"world", "sft", "sample", "generate", "vote", "ppo"}
 
 
-def test_iterated_rounds_improve_the_previous_policy(two_rounds):
+def test_iterated_rounds_train_round_2_from_round_1s_policy(two_rounds):
     """Round 2 samples new prompts, generates with round 1's policy and starts PPO from it."""
     from flows.round import rlhf_rounds
     from rlhf_core.artifacts import ArtifactStore
