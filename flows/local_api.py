@@ -23,6 +23,8 @@ import urllib.request
 from pathlib import Path
 from typing import Callable
 
+from rlhf_core.workers import die_with_parent
+
 log = logging.getLogger("rlhf")
 START_ATTEMPTS = 3  # a port taken between choosing it and the server binding it: try another
 _started: LocalAPI | None = None  # the local API this process launched, if it did
@@ -56,7 +58,7 @@ class LocalAPI:
             [sys.executable, "-m", "uvicorn", "--app-dir", str(Path(prefect.__file__).parents[1]), "--factory",
              "prefect.server.api.server:create_app", "--host", "127.0.0.1", "--port", str(self.port),
              "--log-level", "error", "--lifespan", "on"], env=env,
-            preexec_fn=_stop_with_parent if sys.platform == "linux" else None)
+            preexec_fn=die_with_parent if sys.platform == "linux" else None)
 
     def wait_healthy(self, timeout_s: float) -> None:
         """Until /api/health answers 200; a server that exited early (its port taken) is launched again."""
@@ -128,17 +130,6 @@ def _point_prefect_at(api_url: str) -> None:
 
     os.environ["PREFECT_API_URL"] = api_url
     refresh_global_settings_context()
-
-
-def _stop_with_parent() -> None:
-    """In the server's process, before it runs (Linux): SIGTERM to it when the thread that launched it dies, so a
-    round killed with SIGKILL leaves no server behind (atexit does not run then). Launched from the main thread,
-    which lives as long as the process."""
-    import ctypes
-    import signal
-
-    PR_SET_PDEATHSIG = 1
-    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 def _free_port() -> int:

@@ -78,11 +78,12 @@ def headline_metric(stage: str, key: str) -> str:
 
 
 def open_round(config: RoundConfig, round_no: int = 1, run_name: str | None = None,
-               series_run_id: str | None = None) -> RunContext:
+               series_run_id: str | None = None, left_by_killed: str = "") -> RunContext:
     """Create the round's parent MLflow run (named `run_name`, default round-{name}-{round_no}), tagged with the
-    Prefect flow run; nested under `series_run_id` (rlhf-rounds' run) when given."""
+    Prefect flow run; nested under `series_run_id` (rlhf-rounds' run) when given. `left_by_killed`: what the
+    workdir's lock held when this round took it (a killed holder's note, naming its flow runs)."""
     workdir, tracker = workdir_tracker(config)
-    close_what_killed_rounds_left(workdir, tracker)
+    close_what_killed_rounds_left(workdir, tracker, flow_runs_in(left_by_killed))
     tags = {"rlhf.workdir": str(workdir), "rlhf.round_no": str(round_no), **run_tags(config)}
     parent = tracker.start_run(run_name or f"round-{config.name}-{round_no}", tags, parent_run_id=series_run_id)
     tracker.log_params(parent, config.model_dump(mode="json", context=RESOLVED))  # preset switches as values
@@ -107,21 +108,24 @@ def run_tags(config: RoundConfig) -> dict[str, str]:
             "prefect.flow_run_url": "" if runs_on_local_api() else str(flow_run.ui_url or "")}
 
 
-def close_what_killed_rounds_left(workdir: Path, tracker: Tracker) -> None:
+def close_what_killed_rounds_left(workdir: Path, tracker: Tracker, killed_flow_runs: set[str] = frozenset()
+                                  ) -> None:
     """MLflow runs still RUNNING become KILLED, Prefect flow runs still RUNNING become CRASHED, and
     half-written staging directories go. Called under the workdir's lock: no live round owns them."""
     log = get_run_logger()
     if killed := tracker.close_killed_runs(str(workdir)):
         log.warning("marked %d MLflow run(s) of %s KILLED: left RUNNING by a killed round", killed, workdir)
-    if crashed := crash_killed_flow_runs(workdir):
+    if crashed := crash_killed_flow_runs(workdir, killed_flow_runs):
         log.warning("marked %d Prefect flow run(s) of %s CRASHED: left RUNNING by a killed round", crashed, workdir)
     if swept := ArtifactStore(workdir / "artifacts").sweep_staging():
         log.warning("removed %d half-written artifact(s) a killed round left in %s", swept, workdir / "artifacts")
 
 
-def crash_killed_flow_runs(workdir: Path) -> int:
-    """Mark CRASHED the rlhf-round and rlhf-stage flow runs of `workdir` (their config's) still RUNNING, but this
-    one.
+def crash_killed_flow_runs(workdir: Path, named: set[str] = frozenset()) -> int:
+    """Mark CRASHED the rlhf-round and rlhf-stage flow runs still RUNNING that were this workdir's, but this one:
+    those `named` by the workdir's lock as its killed holder's, and those whose config names `workdir` as an
+    absolute path. A relative workdir of another run is not resolved here: it is relative to that run's own
+    directory, which may be another (two rounds from two directories, one Prefect server, same relative path).
 
     Called under the workdir's lock, so no live round owns them: a killed process left them so.
     """
@@ -132,12 +136,30 @@ def crash_killed_flow_runs(workdir: Path) -> int:
         flows = FlowFilter(name=FlowFilterName(any_=["rlhf-round", "rlhf-stage"]))
         for run in client.read_flow_runs(flow_filter=flows, flow_run_filter=running):
             run_workdir = _workdir_of(run.parameters)
-            if str(run.id) in live or run_workdir is None or Path(run_workdir).resolve() != workdir:
+            ours = str(run.id) in named or (run_workdir is not None and Path(run_workdir).is_absolute()
+                                            and Path(run_workdir).resolve() == workdir)
+            if str(run.id) in live or not ours:
                 continue
             client.set_flow_run_state(run.id, Crashed(message=f"left RUNNING by a killed process; closed by the "
                                                               f"next round in {workdir}"), force=True)
             crashed += 1
     return crashed
+
+
+FLOW_RUNS_NOTE = "prefect flow runs "
+
+
+def flow_runs_note() -> str:
+    """What a round notes in the workdir's lock: its flow run and those it runs inside, for the next round to
+    close should this one be killed."""
+    with get_client(sync_client=True) as client:
+        return FLOW_RUNS_NOTE + ",".join(sorted(this_run_and_its_parents(client)))
+
+
+def flow_runs_in(note: str) -> set[str]:
+    """The flow run ids a lock's note names (flow_runs_note)."""
+    _, found, ids = note.partition(FLOW_RUNS_NOTE)
+    return set(ids.split(",")) - {""} if found else set()
 
 
 def this_run_and_its_parents(client) -> set[str]:
@@ -227,9 +249,10 @@ def rlhf_round(config: RoundConfig = RoundConfig(), stop_after: StageName | None
     which rlhf-round/next-round's trigger turns into the next round.
     """
     config = checked_round_config(config, config_path, annotation_exports)
-    with lock_workdir(config.workdir):  # one round at a time per workdir (its store, scratch and mlflow.db)
+    # one round at a time per workdir (its store, scratch and mlflow.db)
+    with lock_workdir(config.workdir, note=flow_runs_note()) as left_by_killed:
         summary = _run_stages(config, stop_after, round_no, start_policy, earlier_pairs, series_run_id,
-                              previous_round_run_id)
+                              previous_round_run_id, left_by_killed)
     if stop_after is None:
         emit_event(**round_completed(config, summary, subflow=flow_run.parent_flow_run_id is not None))
     return summary
@@ -237,8 +260,8 @@ def rlhf_round(config: RoundConfig = RoundConfig(), stop_after: StageName | None
 
 def _run_stages(config: RoundConfig, stop_after: StageName | None, round_no: int, start_policy: ArtifactRef | None,
                 earlier_pairs: ArtifactRef | None, series_run_id: str | None = None,
-                previous_round_run_id: str | None = None) -> dict[str, Any]:
-    ctx = open_round(config, round_no, series_run_id=series_run_id)
+                previous_round_run_id: str | None = None, left_by_killed: str = "") -> dict[str, Any]:
+    ctx = open_round(config, round_no, series_run_id=series_run_id, left_by_killed=left_by_killed)
     if previous_round_run_id:
         ctx.tracker.set_tags(ctx.parent_run_id, {"rlhf.previous_round.run_id": previous_round_run_id})
     seed, simulated = config.seed + round_no - 1, not config.annotation.exports
@@ -361,6 +384,12 @@ def rlhf_rounds(config: RoundConfig = RoundConfig(), n_rounds: int = 2,
         raise ValueError(f"n_rounds must be >= 1, got {n_rounds}")
     config = resolve_round_config(config, config_path)
     check_iterated_exports(config, n_rounds)
+    # one rlhf-rounds at a time per workdir (its series run; each round still takes the round's lock)
+    with lock_workdir(config.workdir, note=flow_runs_note(), name=".rounds.lock", what="rlhf-rounds"):
+        return _run_series(config, n_rounds)
+
+
+def _run_series(config: RoundConfig, n_rounds: int) -> list[dict[str, Any]]:
     tracker, series = open_series(config, n_rounds)
     summaries: list[dict[str, Any]] = []
     start: ArtifactRef | None = None
@@ -405,7 +434,7 @@ SERIES_WORKDIR_TAG = "rlhf.series_workdir"  # not rlhf.workdir: each round close
 def open_series(config: RoundConfig, n_rounds: int) -> tuple[Tracker, str]:
     """The MLflow run of an rlhf-rounds flow run: each round's run nests under it, and it holds the headline
     numbers per round (step = round number), so the rounds compare as curves. A series run of the same workdir
-    left RUNNING by a killed rlhf-rounds is marked KILLED first (one rlhf-rounds per workdir at a time)."""
+    left RUNNING by a killed rlhf-rounds is marked KILLED first (called under the workdir's rlhf-rounds lock)."""
     workdir, tracker = workdir_tracker(config)
     if killed := tracker.close_killed_runs(str(workdir), tag=SERIES_WORKDIR_TAG):
         get_run_logger().warning("marked %d rlhf-rounds MLflow run(s) of %s KILLED: left RUNNING by a killed "

@@ -147,7 +147,7 @@ def rlhf_stage(stage: HeavyStageName = "denoise", inputs: dict[str, str] | None 
         config: the round's config (see rlhf-round's `config`); the stage reads its own section.
         config_path: a YAML config file used instead of the form's config (see rlhf-round's `config_path`).
     """
-    from flows.round import checked_round_config, open_round  # the round imports this module for HEAVY_STAGES
+    from flows.round import checked_round_config, flow_runs_note, open_round  # the round imports this module
 
     config = checked_round_config(config, config_path)
     store = ArtifactStore(Path(config.workdir).resolve() / "artifacts")
@@ -155,8 +155,8 @@ def rlhf_stage(stage: HeavyStageName = "denoise", inputs: dict[str, str] | None 
     if missing := [name for name in HEAVY_STAGES[stage].inputs_for(config) if name not in refs]:
         get_run_logger().info("stage %s: inputs %s from the round (its cache)", stage, ", ".join(missing))
         refs |= round_inputs(missing, config)
-    with lock_workdir(config.workdir):
-        ctx = open_round(config, run_name=f"stage-{stage}-{config.name}")
+    with lock_workdir(config.workdir, note=flow_runs_note()) as left_by_killed:
+        ctx = open_round(config, run_name=f"stage-{stage}-{config.name}", left_by_killed=left_by_killed)
         try:
             source = "stage_input"  # a policy given to rlhf-stage
             if "policy" in missing:  # the policy the round would improve: SFT, or the champion

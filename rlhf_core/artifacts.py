@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import shutil
 import tempfile
@@ -24,7 +25,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, BinaryIO, Callable, Iterator
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 MANIFEST = "manifest.json"
 
@@ -63,6 +64,17 @@ class Manifest(BaseModel):
     files: dict[str, str]  # relative path -> sha256
     metrics: dict[str, float] = {}
     created_at: float
+
+    @field_validator("metrics", mode="before")
+    @classmethod
+    def _finite_metrics_only(cls, metrics: Any) -> Any:
+        """A metric that is not a finite number (NaN where there was nothing to measure, e.g. flip precision when
+        nothing was flipped) is left out: JSON has no NaN, so it was written as null, and an earlier version then
+        failed to read its own manifest back (the artifact committed, its cache entry served, every run failing)."""
+        if not isinstance(metrics, dict):
+            return metrics
+        return {k: v for k, v in metrics.items()
+                if v is not None and not (isinstance(v, (int, float)) and not math.isfinite(v))}
 
 
 def sha256_file(path: Path, chunk: int = 1 << 20) -> str:

@@ -46,7 +46,7 @@ UrlWithoutCredentials = Annotated[str | None, AfterValidator(no_credentials_in_u
 
 
 class StrictModel(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)  # inf passed gt=0 checks
 
     @model_validator(mode="before")
     @classmethod
@@ -104,17 +104,25 @@ class PolicyModelConfig(StrictModel):
     architecture fields), or a pretrained Hugging Face directory (`pretrained`, e.g. SmolLM2 made
     by `rlhf convert-gguf`), fine-tuned with its own tokenizer and chat template."""
 
-    hidden_size: int = Field(64, description="tiny Qwen2: width of the residual stream (Qwen2Config.hidden_size)")
-    intermediate_size: int = Field(192, description="tiny Qwen2: width of the MLP (Qwen2Config.intermediate_size)")
-    num_hidden_layers: int = Field(2, description="tiny Qwen2: transformer blocks")
-    num_attention_heads: int = Field(4, description="tiny Qwen2: query heads")
-    num_key_value_heads: int = Field(2, description="tiny Qwen2: key/value heads (grouped-query attention)")
-    max_position_embeddings: int = Field(128, description="tiny Qwen2: longest prompt + response, in tokens")
+    hidden_size: int = Field(64, ge=1, description="tiny Qwen2: width of the residual stream (Qwen2Config.hidden_size)")
+    intermediate_size: int = Field(192, ge=1, description="tiny Qwen2: MLP width (Qwen2Config.intermediate_size)")
+    num_hidden_layers: int = Field(2, ge=1, description="tiny Qwen2: transformer blocks")
+    num_attention_heads: int = Field(4, ge=1, description="tiny Qwen2: query heads")
+    num_key_value_heads: int = Field(2, ge=1, description="tiny Qwen2: key/value heads (grouped-query attention)")
+    max_position_embeddings: int = Field(128, ge=2, description="tiny Qwen2: longest prompt + response, in tokens")
     pretrained: str | None = Field(
         None,
         description="local Hugging Face model directory to fine-tune instead of the tiny Qwen2 (the architecture "
         "fields above are then unused); relative to the cwd; None = build the tiny Qwen2",
     )
+
+    @model_validator(mode="after")
+    def _heads_divide_the_width(self) -> PolicyModelConfig:
+        if self.hidden_size % self.num_attention_heads or self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError(f"policy_model: hidden_size ({self.hidden_size}) must be a multiple of "
+                             f"num_attention_heads ({self.num_attention_heads}), and that a multiple of "
+                             f"num_key_value_heads ({self.num_key_value_heads})")
+        return self
 
 
 class SFTConfig(StrictModel):
@@ -461,6 +469,12 @@ class VotingConfig(StrictModel):
         if self.train.meta.enabled:
             raise ValueError("voting.train.meta.enabled: voters vote on the annotated pairs and get no policy "
                              "samples; MetaRM belongs to reward.train")
+        if self.scheme == "out_of_fold" and self.mode == "fast":
+            raise ValueError("voting.scheme out_of_fold trains a voter per fold: use mode faithful (fast mode's heads "
+                             "share one trunk that sees every pair), or scheme in_sample")
+        if self.scheme == "out_of_fold" and self.n_models < self.folds:
+            raise ValueError(f"voting.scheme out_of_fold needs n_models ({self.n_models}) >= folds ({self.folds}): "
+                             "every fold must be left out by at least one voter")
         return self
 
 
@@ -826,14 +840,14 @@ class RoundConfig(StrictModel):
     annotation exports, how it follows the other rounds); the stage sections follow in pipeline order.
     """
 
-    name: str = Field("demo", description="the round's name: its MLflow run (round-{name}-{round_no}) and Prefect "
+    name: str = Field("demo", min_length=1, description="the round's name: its MLflow run (round-{name}-{round_no}) and Prefect "
                       "artifacts are named after it")
-    seed: int = Field(0, description="seed of every stage (round k of iterated rounds samples with seed + k - 1)")
+    seed: int = Field(0, ge=0, description="seed of every stage (round k of iterated rounds samples with seed + k - 1)")
     workdir: str = Field("rlhf-runs", description="artifact store and run files; relative to the cwd")
     tracking_uri: UrlWithoutCredentials = Field(
         None, description="MLflow URI; default sqlite:///{workdir}/mlflow.db (no password in it: see "
         "docs/operations.md)")
-    experiment: str = Field("rlhf", description="MLflow experiment of the round's runs")
+    experiment: str = Field("rlhf", min_length=1, description="MLflow experiment of the round's runs")
     annotation: AnnotationConfig = Field(
         AnnotationConfig(), description="the annotation exports this round imports (none: the simulated annotators)"
     )
@@ -936,7 +950,7 @@ def load_config(path: str | Path | None, cls: type[StrictModel] = RoundConfig, o
     if not path.is_file():
         raise ConfigError(f"config file not found: {path}")
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        data = yaml.load(path.read_text(encoding="utf-8"), Loader=_UniqueKeyLoader) or {}
     except UnicodeDecodeError as err:
         raise ConfigError(f"{path} is not UTF-8 text ({err.reason} at byte {err.start}): save it as UTF-8") from None
     except yaml.YAMLError as err:
@@ -946,6 +960,21 @@ def load_config(path: str | Path | None, cls: type[StrictModel] = RoundConfig, o
     for item in overrides:
         apply_override(data, item)
     return parse_config(data, cls, source=str(path))
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """YAML's safe loader, refusing a key given twice in one mapping: plain YAML keeps the last, so a second `ppo:`
+    section silently replaced the first."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(None, None, f"key {key!r} is given twice: merge the two",
+                                                        key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
 
 
 def apply_override(data: dict, item: str) -> None:
@@ -958,7 +987,11 @@ def apply_override(data: dict, item: str) -> None:
         node = node.setdefault(p, {})
         if not isinstance(node, dict):
             raise ConfigError(f"override {item!r}: {p} is not a section")
-    node[parts[-1]] = yaml.safe_load(raw)
+    try:
+        node[parts[-1]] = yaml.safe_load(raw)
+    except yaml.YAMLError as err:
+        raise ConfigError(f"override {item!r}: the value is not valid YAML ({str(err).splitlines()[0]}); quote it "
+                          "if it is a string") from None
 
 
 def config_digest(cfg: BaseModel | dict[str, Any]) -> str:

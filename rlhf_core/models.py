@@ -164,6 +164,9 @@ def convert_gguf(gguf_path: str | Path, out_dir: str | Path) -> Path:
     gguf_path, out_dir = Path(gguf_path).resolve(), Path(out_dir).resolve()
     if not gguf_path.is_file():
         raise FileNotFoundError(f"GGUF file not found: {gguf_path}")
+    if out_dir.exists() and not (out_dir / "config.json").is_file():  # it would be replaced, whatever it holds
+        raise FileExistsError(f"--out {out_dir} exists and is not a model directory (no config.json): give a new "
+                              "path (an existing model directory there is replaced)")
     if importlib.util.find_spec("gguf") is None:
         raise ImportError("reading GGUF needs the `gguf` package: `pip install gguf` (or the `real-model` extra)")
     source = {"pretrained_model_name_or_path": str(gguf_path.parent), "gguf_file": gguf_path.name}

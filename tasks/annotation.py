@@ -14,6 +14,7 @@ from prefect.artifacts import create_table_artifact
 from prefect.cache_policies import NO_CACHE
 
 from rlhf_core.annotation.importer import import_files
+from rlhf_core.annotation.label_studio import ImportFormatError
 from rlhf_core.annotation.tasks import make_comparison_tasks
 from rlhf_core.artifacts import ArtifactRef, sha256_file
 from rlhf_core.config import AnnotationConfig, WorldConfig
@@ -76,6 +77,8 @@ def import_annotations(ctx: RunContext, cfg: AnnotationConfig, export: ArtifactR
         table = read_table("responses", responses.file("responses.parquet"))
         files = sorted((Path(export.path) / "exports").iterdir())
         result = import_files(files, table, cfg)
+        if result.comparisons.empty:  # else the vote stage fails later with "no pairs to train on"
+            raise ImportFormatError(no_pairs_message(result.quarantine, result.report))
         write_table("annotations", result.annotations, out / "annotations.parquet")
         write_table("scores", result.scores, out / "scores.parquet")
         write_table("comparisons", result.comparisons, out / "comparisons.parquet")
@@ -92,6 +95,16 @@ def import_annotations(ctx: RunContext, cfg: AnnotationConfig, export: ArtifactR
     return run_stage(ctx, stage="import_annotations", version=IMPORT_VERSION, kind="comparisons",
                      config={"annotation": cfg.model_dump(), "simulated": simulated},
                      inputs={"export": export, "responses": responses}, produce=produce)
+
+
+def no_pairs_message(quarantine: pd.DataFrame, report: dict) -> str:
+    """What to tell a user whose exports gave no comparison pair: the rows and why each file's were refused."""
+    reasons = "; ".join(f"{Path(f).name}: {r} x{len(idx)}"
+                        for (f, r), idx in quarantine.groupby(["source_file", "reason"]).groups.items())
+    return (f"the annotation exports gave no comparison pair to train on: {int(report['accepted'])} of "
+            f"{int(report['input_rows'])} rows accepted, {int(report['quarantined'])} quarantined"
+            + (f" ({reasons})" if reasons else "") + ". Check the exports against annotation.format and "
+            "annotation.pairs (README, \"Real annotations\"), or export again")
 
 
 def _quarantine_artifact(quarantine: pd.DataFrame, report: dict) -> None:

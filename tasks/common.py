@@ -101,11 +101,14 @@ class WorkdirBusyError(RuntimeError):
 
 
 @contextmanager
-def lock_workdir(workdir: str | Path) -> Iterator[None]:
-    """Hold `<workdir>/.round.lock` for the duration: a second round in the same workdir fails at once.
+def lock_workdir(workdir: str | Path, note: str = "", name: str = ".round.lock", what: str = "round"
+                 ) -> Iterator[str]:
+    """Hold `<workdir>/<name>` for the duration: a second round in the same workdir fails at once.
 
     Two rounds at once in one workdir race on the first creation of mlflow.db, on the scratch
     directories and on model registration. The lock is an flock, so a killed round releases it.
+    The holder writes its pid, host and `note` into the file and empties it when it lets go; yields what a
+    holder that never let go (a killed round) left there, "" otherwise: the next round knows which runs it left.
     The first round to take a workdir also leaves a `.gitignore` of `*` in it.
     """
     path = Path(workdir)
@@ -113,20 +116,22 @@ def lock_workdir(workdir: str | Path) -> Iterator[None]:
     if not (path / ".gitignore").exists() and not (path / ".git").exists():  # as a virtualenv does: a workdir
         # inside a checkout stays out of git (never the checkout's own root)
         (path / ".gitignore").write_text("# a round's workdir (artifacts, runs, caches), written by rlhf\n*\n")
-    with open(path / ".round.lock", "a+") as f:
+    with open(path / name, "a+") as f:
         try:
             fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             f.seek(0)
             holder = f.read().strip() or "another process"
-            raise WorkdirBusyError(f"another round is running in {path} ({holder}): wait for it to finish, "
-                                   "or give this round its own workdir") from None
+            raise WorkdirBusyError(f"another {what} is running in {path} ({holder}): wait for it to finish, "
+                                   f"or give this {what} its own workdir") from None
+        f.seek(0)
+        left_by_killed = f.read().strip()
         f.seek(0)
         f.truncate()
-        f.write(f"pid {os.getpid()} on {socket.gethostname()}")
+        f.write(f"pid {os.getpid()} on {socket.gethostname()}" + (f"; {note}" if note else ""))
         f.flush()
         try:
-            yield
+            yield left_by_killed
         finally:
             f.truncate(0)
             fcntl.flock(f, fcntl.LOCK_UN)

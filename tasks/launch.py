@@ -28,6 +28,7 @@ from pathlib import Path
 
 import torch
 
+from rlhf_core.workers import die_with_parent
 from tasks.common import _stage_logger
 
 GROUP_ENV = "RLHF_WORKER_GROUP"  # tags every process of one launch (see group_processes)
@@ -155,8 +156,11 @@ def run_worker(module: str, args: list[str], num_processes: int, log_path: Path,
     logger = logger or _stage_logger()
     name = module.rsplit(".", 1)[-1]
     with open(log_path, "w") as log, _sigterm_raises():
+        # die_with_parent: a SIGKILLed round takes the launcher with it (its agent then stops the ranks); this
+        # thread waits for the group, so the signal cannot come early
         proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                errors="replace", start_new_session=True)
+                                errors="replace", start_new_session=True,
+                                preexec_fn=die_with_parent if sys.platform == "linux" else None)
         reader = _LineReader(proc.stdout, log, logger, name)
         reader.start()
         try:

@@ -91,6 +91,7 @@ def _pretrained_dir(model_cfg: PolicyModelConfig) -> Path | None:
     if not (path / "config.json").is_file():
         raise FileNotFoundError(
             f"policy_model.pretrained: {path} is not a Hugging Face model directory (no config.json); "
-            f"make the SmolLM2 one with `rlhf convert-gguf --out {model_cfg.pretrained}`"
+            + ("point it at one" if path.exists() else  # convert-gguf would refuse (or replace) what is there
+               f"make the SmolLM2 one with `rlhf convert-gguf --out {model_cfg.pretrained}`")
         )
     return path

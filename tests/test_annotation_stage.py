@@ -101,3 +101,17 @@ def test_export_outside_the_allowed_roots_is_refused_before_any_work(prefect_api
     monkeypatch.setenv("RLHF_ALLOWED_ROOTS", str(tmp_path / "elsewhere"))  # the fix the message names
     summary = _round(workdir, ["../elsewhere/export.jsonl"], stop_after="annotators")
     assert summary["artifacts"]["annotators"]["kind"] == "annotation_export"
+
+
+def test_exports_that_give_no_pair_are_refused_at_import_saying_why(prefect_api, allow_tmp):
+    """Every row a self pair: before, the import committed 0 pairs and the vote stage failed with "no pairs to
+    train on"; now the import stage fails, naming the rows and their quarantine reasons, and commits nothing."""
+    from rlhf_core.annotation.label_studio import ImportFormatError
+
+    export = allow_tmp / "same.jsonl"
+    export.write_text("".join(json.dumps({"prompt": f"Q{i}", "chosen": "A", "rejected": "A"}) + "\n"
+                              for i in range(5)))
+    with pytest.raises(ImportFormatError, match=r"no comparison pair to train on: 0 of 5 rows accepted, 5 quarantined "
+                                                r"\(.*self_pair x5\)"):
+        _round(allow_tmp / "w", [export])
+    assert not list((allow_tmp / "w" / "artifacts").glob("comparisons/*"))

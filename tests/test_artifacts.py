@@ -123,3 +123,24 @@ def test_every_file_of_an_artifact_is_on_disk_before_its_cache_entry(tmp_path, m
     assert {"table.parquet", "weights.bin", "manifest.json", "sub"} <= set(events[:entry])
     assert events.index("prompts") < entry  # the kind's directory, after the artifact was renamed into it
     assert ref.kind == "prompts"
+
+
+def test_a_metric_with_nothing_to_measure_is_left_out_and_a_manifest_holding_one_reads_back(tmp_path):
+    """NaN (flip precision when denoising flipped nothing) and inf are not in the manifest: JSON has no NaN, and a
+    null there once made a committed artifact unreadable, its cache entry served to every later run. A manifest
+    written that way reads back too, without the metric."""
+    import json
+
+    from rlhf_core.artifacts import MANIFEST
+
+    store = ArtifactStore(tmp_path / "store")
+    with store.staging() as staged:
+        (staged / "denoised.txt").write_text("pairs")
+        ref = store.commit(staged, kind="denoised", stage="denoise", stage_version="1", code_version="t", config={},
+                           config_digest="c", inputs={}, cache_key="k",
+                           metrics={"denoise/flip_precision": float("nan"), "ppo/kl": float("inf"), "n": 3.0})
+    assert store.manifest(store.lookup("k")).metrics == {"n": 3.0}
+    written = json.loads((tmp_path / "store" / "denoised" / ref.digest / MANIFEST).read_text())
+    written["metrics"]["denoise/flip_precision"] = None  # as the earlier version wrote it
+    (tmp_path / "store" / "denoised" / ref.digest / MANIFEST).write_text(json.dumps(written))
+    assert store.manifest(ref).metrics == {"n": 3.0}

@@ -72,6 +72,24 @@ def test_a_dead_tracking_server_fails_in_seconds_with_one_line(prefect_api, tmp_
     assert not (tmp_path / "w2").exists()
 
 
+def test_a_round_refused_for_a_reason_the_user_can_fix_ends_in_one_line_and_exit_2(capsys):
+    """What the round's flow raises for a user's mistake (here a busy workdir) reaches the command line as its
+    message and exit code 2, not a traceback; a bug keeps its traceback."""
+    import typer
+
+    from flows.cli import user_errors
+    from tasks.common import WorkdirBusyError
+
+    with pytest.raises(typer.Exit) as exit_:
+        with user_errors():
+            raise WorkdirBusyError("another round is running in w (pid 1 on vm): wait for it to finish")
+    assert exit_.value.exit_code == 2
+    assert capsys.readouterr().out.strip() == "another round is running in w (pid 1 on vm): wait for it to finish"
+    with pytest.raises(KeyError):
+        with user_errors():
+            raise KeyError("a bug")
+
+
 def test_a_second_round_in_a_busy_workdir_fails_at_once_naming_the_holder(tmp_path):
     from flows.round import rlhf_round
     from rlhf_core.config import RoundConfig

@@ -157,3 +157,28 @@ def test_judged_prompts_are_bounded_by_the_worlds_held_out_prompts_only_when_the
         == 939
     with pytest.raises(ConfigError, match=r"evaluation.n_prompts \(939\) exceeds world.n_eval_prompts \(200\)"):
         parse_config({"evaluation": {"n_prompts": 939}})
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["seed=-1"], "seed: Input should be greater than or equal to 0"),  # it failed in the sample stage, after SFT
+    (["ppo.policy_lr=.inf"], "ppo.policy_lr: Input should be a finite number"),  # it passed gt=0, broke PPO's metrics
+    (["policy_model.hidden_size=30"], "hidden_size (30) must be a multiple of num_attention_heads (4)"),
+    (["policy_model.num_hidden_layers=0"], "policy_model.num_hidden_layers: Input should be greater than or equal"),
+    (["voting.scheme=out_of_fold", "voting.n_models=2", "voting.folds=3"], "needs n_models (2) >= folds (3)"),
+    (["voting.scheme=out_of_fold", "voting.mode=fast"], "use mode faithful"),
+    (["ppo.iterations=["], "override 'ppo.iterations=[': the value is not valid YAML"),
+])
+def test_settings_that_failed_only_stages_later_are_refused_when_the_config_is_read(overrides, message):
+    with pytest.raises(ConfigError) as err:
+        load_config(None, overrides=overrides)
+    assert message in str(err.value)
+
+
+def test_a_key_given_twice_in_a_file_is_refused_not_silently_replaced(tmp_path):
+    path = tmp_path / "twice.yaml"
+    path.write_text("ppo: {iterations: 10}\nseed: 1\nppo: {policy_lr: 1.0e-5}\n")  # the second ppo replaced the first
+    with pytest.raises(ConfigError, match="key 'ppo' is given twice: merge the two"):
+        load_config(path)
+    (tmp_path / "nested.yaml").write_text("ppo:\n  iterations: 10\n  iterations: 20\n")
+    with pytest.raises(ConfigError, match="key 'iterations' is given twice"):
+        load_config(tmp_path / "nested.yaml")

@@ -78,6 +78,25 @@ def test_sigterm_to_the_launching_process_kills_the_whole_group(tmp_path):
     assert stopped_in < 10  # 1 s of grace, then SIGKILL: the ranks ignored the SIGTERM
 
 
+def test_a_sigkilled_round_takes_its_launcher_and_ranks_with_it(tmp_path):
+    """SIGKILL runs no handler: before, the launcher and its ranks lived on (a killed vote's voters kept training and
+    writing into the scratch directory the next round resumes from, with the workdir's lock released)."""
+    log = tmp_path / "worker.log"
+    round_process = subprocess.Popen(
+        [sys.executable, "-c", f"from pathlib import Path; from tasks.launch import run_worker; "
+         f"run_worker({PROBE!r}, ['--sleep', '120'], 2, Path({str(log)!r}))"], cwd=ROOT)
+    try:
+        wait_for(lambda: log.exists() and len(group_pids(log.read_text())) == 3)  # 2 ranks + their agent
+        pids = group_pids(log.read_text())
+        round_process.kill()
+        round_process.wait(timeout=30)
+        wait_for(lambda: not [pid for pid in pids if alive(pid)], seconds=60)
+    finally:
+        for pid in group_pids(log.read_text()) if log.exists() else []:
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
 def test_a_launcher_that_dies_on_its_own_takes_its_ranks_with_it(tmp_path):
     """The accelerate process OOM-killed: its ranks run in their own sessions and would keep their GPUs."""
     log, raised = tmp_path / "worker.log", []

@@ -63,13 +63,23 @@ def test_cli_convert_gguf_exits_2_with_the_reason(tmp_path):
     result = CliRunner().invoke(app, ["convert-gguf", str(tmp_path / "missing.gguf"), "--out", str(tmp_path / "o")])
     assert result.exit_code == 2
     assert "GGUF file not found" in result.output
+    # an existing directory that is not a model (configs/, say) is refused, not replaced by the model
+    (tmp_path / "m.gguf").write_bytes(b"GGUF")
+    (tmp_path / "configs").mkdir()
+    (tmp_path / "configs" / "demo.yaml").write_text("seed: 0\n")
+    result = CliRunner().invoke(app, ["convert-gguf", str(tmp_path / "m.gguf"), "--out", str(tmp_path / "configs")])
+    assert result.exit_code == 2 and "exists and is not a model directory" in " ".join(result.output.split())
+    assert (tmp_path / "configs" / "demo.yaml").read_text() == "seed: 0\n"
 
 
 def test_sft_stage_rejects_a_pretrained_dir_without_a_model(tmp_path):
     from tasks.world import _pretrained_dir
 
     assert _pretrained_dir(PolicyModelConfig()) is None
-    with pytest.raises(FileNotFoundError, match="no config.json.*rlhf convert-gguf"):
+    with pytest.raises(FileNotFoundError, match="no config.json.*rlhf convert-gguf --out"):
+        _pretrained_dir(PolicyModelConfig(pretrained=str(tmp_path / "smollm2")))
+    # an existing directory that is not a model: no advice to convert into it (convert-gguf would replace it)
+    with pytest.raises(FileNotFoundError, match="no config.json\\); point it at one$"):
         _pretrained_dir(PolicyModelConfig(pretrained=str(tmp_path)))
 
 

@@ -156,6 +156,46 @@ def test_runs_a_killed_round_left_running_are_closed_by_the_next_round(two_round
     tracker.end_run(elsewhere)
 
 
+def test_a_killed_rounds_flow_runs_are_found_by_the_lock_it_left_not_by_guessing_a_relative_workdir(two_rounds):
+    """A run whose config names the workdir relative to its own directory may be another directory's live round
+    (one Prefect server, two checkouts, both `rlhf-runs`): it was marked CRASHED while it ran. Now a round closes
+    the flow runs its killed predecessor noted in the workdir's lock, and runs of an absolute workdir equal to
+    its own."""
+    import os
+
+    from prefect import get_client
+    from prefect.states import Crashed, Running
+
+    from flows.round import rlhf_round
+
+    cfg, _, _ = two_rounds
+    workdir = Path(cfg.workdir).resolve()
+    with get_client(sync_client=True) as prefect:
+        runs = {name: prefect.create_flow_run(rlhf_round, name=name, state=Running(),
+                                              parameters={"config": {"workdir": os.path.relpath(workdir)}})
+                for name in ("killed, noted in the lock", "another directory's, relative")}
+    # as a SIGKILLed holder leaves the lock file: its note never emptied
+    killed = runs["killed, noted in the lock"].id
+    (workdir / ".round.lock").write_text(f"pid 1 on elsewhere; prefect flow runs {killed}")
+    rlhf_round(config=cfg, stop_after="world")
+    with get_client(sync_client=True) as prefect:
+        states = {name: prefect.read_flow_run(run.id).state for name, run in runs.items()}
+        assert states["killed, noted in the lock"].is_crashed()
+        assert states["another directory's, relative"].is_running()
+        prefect.set_flow_run_state(runs["another directory's, relative"].id, Crashed(), force=True)
+    assert (workdir / ".round.lock").read_text() == ""  # let go cleanly: nothing for the next round to close
+
+
+def test_a_second_rlhf_rounds_in_a_busy_workdir_is_refused_before_it_touches_the_series_run(two_rounds):
+    from flows.round import rlhf_rounds
+    from tasks.common import WorkdirBusyError, lock_workdir
+
+    cfg, _, _ = two_rounds
+    with lock_workdir(cfg.workdir, name=".rounds.lock", what="rlhf-rounds"):
+        with pytest.raises(WorkdirBusyError, match="another rlhf-rounds is running in"):
+            rlhf_rounds(config=cfg, n_rounds=1)
+
+
 def test_headline_numbers_are_real(two_rounds):
     _, first, _ = two_rounds
     h = first["headline"]

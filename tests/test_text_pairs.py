@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from rlhf_core.annotation import text_pairs
 from rlhf_core.annotation.text_pairs import (
+    check_text_pairs,
     detect_format,
     import_text_pairs,
     import_text_pairs_to,
@@ -322,3 +323,15 @@ def test_streamed_import_equals_in_memory_on_any_lines(rows, n_repeated, fmt, ba
     with tempfile.TemporaryDirectory() as tmp:
         path = write_lines(Path(tmp) / "rows.jsonl", rows)
         assert_streamed_equals_in_memory(path, Path(tmp) / "out", fmt, batch_rows, max_field_chars=50)
+
+
+def test_a_byte_order_mark_before_the_first_row_is_not_an_error(tmp_path):
+    """Windows tools start UTF-8 files with a byte-order mark: a one-row export was refused as "UTF-16 or binary?",
+    a longer one lost its first row to malformed_json."""
+    rows = [json.dumps({"chosen": dialogue("Q", "yes"), "rejected": dialogue("Q", "no")}).encode(),
+            json.dumps({"chosen": dialogue("R", "yes"), "rejected": dialogue("R", "no")}).encode()]
+    one = write_lines(tmp_path / "one.jsonl", [b"\xef\xbb\xbf" + rows[0]])
+    check_text_pairs(one)
+    two = write_lines(tmp_path / "two.jsonl", [b"\xef\xbb\xbf" + rows[0], rows[1]])
+    comparisons, quarantine = import_text_pairs(two, "hh")
+    assert len(comparisons) == 2 and quarantine.empty

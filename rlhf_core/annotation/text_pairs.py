@@ -54,6 +54,7 @@ So 1M accepted rows cost 8 MB for the duplicate check (docs/benchmark-annotation
 
 from __future__ import annotations
 
+import codecs
 import gzip
 import hashlib
 import json
@@ -137,13 +138,16 @@ def _sha16(text: str) -> str:
 
 
 def _lines(path: Path) -> Iterator[tuple[int, bytes]]:
-    """(line number, line without its newline) for every line; a ".gz" name means gzip.
+    """(line number, line without its newline) for every line; a ".gz" name means gzip. A UTF-8 byte-order mark
+    (Windows tools write one) is dropped from the first line, as the score tables' reader does.
 
     A broken gzip stream is a problem of the whole file, not of a row: it raises ImportFormatError.
     """
     try:
         with (gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")) as f:
             for number, line in enumerate(f):
+                if number == 0:
+                    line = line.removeprefix(codecs.BOM_UTF8)
                 yield number, line.rstrip(b"\r\n")
     except (EOFError, gzip.BadGzipFile, zlib.error) as err:
         raise ImportFormatError(f"{path}: broken gzip stream ({err})") from None

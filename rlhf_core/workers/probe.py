@@ -18,6 +18,8 @@ import signal
 import sys
 import time
 
+from rlhf_core.workers import die_with_parent
+
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -30,6 +32,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--plain-wait", action="store_true",
                    help="--join-ranks: end with the process group's own barrier instead of finish_ranks")
     args = p.parse_args(argv)
+    die_with_parent()  # as every rank does (rlhf_core.workers.ranks.start_ranks)
     if args.ignore_sigterm:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
     rank = int(os.environ.get("RANK", "0"))

@@ -13,6 +13,7 @@ from accelerate import Accelerator
 from accelerate.utils import InitProcessGroupKwargs
 
 from rlhf_core.artifacts import atomic_write_text
+from rlhf_core.workers import die_with_parent
 
 # How long a rank that has finished its share waits for the others at the end. Ranks do unequal work (voter k on rank
 # k mod N, generation shard k on rank k mod N, fewer still after a resume), and the process group's own timeout
@@ -31,6 +32,7 @@ def start_ranks() -> Accelerator:
     launcher for DeepSpeed without a GPU) names the process group's backend.
     """
     global _finish_group
+    die_with_parent()  # its agent SIGKILLed: this rank stops too, rather than write on into a scratch dir
     group = {}
     if os.environ.get("RLHF_DIST_TIMEOUT_S"):
         group["timeout"] = timedelta(seconds=float(os.environ["RLHF_DIST_TIMEOUT_S"]))
