@@ -196,6 +196,22 @@ def test_a_second_rlhf_rounds_in_a_busy_workdir_is_refused_before_it_touches_the
             rlhf_rounds(config=cfg, n_rounds=1)
 
 
+@pytest.mark.parametrize("method", ["baseline", "flip", "margin", "flip_margin", "soft_label_margin"])
+def test_every_denoise_method_commits_through_the_stage_and_reads_back(two_rounds, method):
+    """Three of the five methods flip nothing, so flip precision is NaN: its manifest once held null, and the stage
+    failed on its own artifact, then on every cache hit of it."""
+    from flows.round import rlhf_round
+    from rlhf_core.artifacts import ArtifactRef, ArtifactStore
+
+    cfg, _, _ = two_rounds
+    cfg = cfg.model_copy(update={"denoise": cfg.denoise.model_copy(update={"method": method})})
+    for _ in range(2):  # made, then served from the cache
+        ref = ArtifactRef(**rlhf_round(config=cfg, stop_after="denoise")["artifacts"]["denoise"])
+    metrics = ArtifactStore(Path(cfg.workdir) / "artifacts").manifest(ref).metrics
+    assert all(math.isfinite(v) for v in metrics.values()) and metrics
+    assert ("denoise/flip_precision_excl_gold_ties" in metrics) == (method in ("flip", "flip_margin"))
+
+
 def test_headline_numbers_are_real(two_rounds):
     _, first, _ = two_rounds
     h = first["headline"]
