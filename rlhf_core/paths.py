@@ -79,7 +79,14 @@ def check_config_paths(config) -> dict[str, Path]:
             raise PathNotAllowedError(f"{key}: {path} is a directory; list the export files themselves")
         if key.endswith(".deepspeed"):
             check_deepspeed_json(key, path)
+        if key in MODEL_DIR_KEYS or key.startswith("generation.generators["):  # else found only stages later
+            if not (path / "config.json").is_file():
+                raise PathNotAllowedError(f"{key}: {path} is not a Hugging Face model directory (no config.json): "
+                                          "give a directory written by save_pretrained (or `rlhf convert-gguf`)")
     return resolved
+
+
+MODEL_DIR_KEYS = {"policy_model.pretrained", "evaluation.local.model_path"}
 
 
 def check_deepspeed_json(key: str, path: Path) -> None:

@@ -1,6 +1,7 @@
 """Config paths resolve under the allowed roots: no `..` or symlink escapes; the message says how to allow."""
 
 import os
+import re
 
 import pytest
 
@@ -97,3 +98,16 @@ def test_a_deepspeed_json_with_its_own_optimizer_or_not_json_is_refused_before_a
         check_config_paths(parse_config({"ppo": {"deepspeed": "data/torn.json"}}))
     with pytest.raises(PathNotAllowedError, match=r"ppo.deepspeed: .*ok.json holds a JSON list"):
         check_config_paths(parse_config({"ppo": {"deepspeed": "data/ok.json"}}))
+
+
+def test_a_model_path_that_holds_no_model_is_refused_with_the_config(layout):
+    """A generator, the pretrained policy or the local judge pointed at a directory without a model failed only in
+    its stage, after SFT had run."""
+    for key, section in (
+            ("generation.generators[1].model", {"generation": {"generators": [
+                {"name": "policy", "strategies": [{"name": "a"}, {"name": "b"}]},
+                {"name": "other", "model": "data", "strategies": [{"name": "g"}]}]}}),
+            ("policy_model.pretrained", {"policy_model": {"pretrained": "data"}}),
+            ("evaluation.local.model_path", {"evaluation": {"judge": "local", "local": {"model_path": "data"}}})):
+        with pytest.raises(PathNotAllowedError, match=re.escape(key) + ": .*data is not a Hugging Face model directory"):
+            check_config_paths(parse_config(section))
