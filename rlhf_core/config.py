@@ -887,6 +887,17 @@ class RoundConfig(StrictModel):
                 f"generation: the plan gives {per_prompt} response per prompt, and the simulated annotators "
                 "compare two responses of a prompt: give a strategy n >= 2, or another strategy or generator"
             )
+        if self.policy_model.pretrained is None:  # the tiny policy: its context is known here (PPO did not check it)
+            context = self.policy_model.max_position_embeddings
+            lengths = {"ppo.max_new_tokens": self.ppo.max_new_tokens,
+                       "evaluation.max_new_tokens": self.evaluation.max_new_tokens,
+                       **{f"generation.generators[{i}].strategies[{j}].max_new_tokens": s.max_new_tokens
+                          for i, g in enumerate(self.generation.generators) if g.model == "policy"
+                          for j, s in enumerate(g.strategies)}}
+            if too_long := {key: n for key, n in lengths.items() if n >= context}:
+                key, n = next(iter(too_long.items()))
+                raise ValueError(f"{key} ({n}) leaves no room for a prompt in the policy's context "
+                                 f"(policy_model.max_position_embeddings {context}): lower it, or raise that")
         return self
 
 

@@ -167,6 +167,8 @@ def test_judged_prompts_are_bounded_by_the_worlds_held_out_prompts_only_when_the
     (["voting.scheme=out_of_fold", "voting.n_models=2", "voting.folds=3"], "needs n_models (2) >= folds (3)"),
     (["voting.scheme=out_of_fold", "voting.mode=fast"], "use mode faithful"),
     (["ppo.iterations=["], "override 'ppo.iterations=[': the value is not valid YAML"),
+    (["ppo.max_new_tokens=500"], "ppo.max_new_tokens (500) leaves no room for a prompt in the policy's context "
+                                 "(policy_model.max_position_embeddings 128)"),  # PPO ran past it without a word
 ])
 def test_settings_that_failed_only_stages_later_are_refused_when_the_config_is_read(overrides, message):
     with pytest.raises(ConfigError) as err:
