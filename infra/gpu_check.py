@@ -80,7 +80,9 @@ def prepare(round_dir: Path, config: Path | None, overrides: list[str], out: Pat
     votes, _ = _one([(ref, m) for ref, m in made_by("votes", "vote", comparisons=comparisons.digest)
                      if {k: m.config.get(k) for k in voting_config} == voting_config],
                     "vote on them with the given config (--config, --set)", round_dir)
-    denoised, _ = _one(made_by("denoised", "denoise", votes=votes.digest), "denoised pairs", round_dir)
+    denoised, _ = _one([(ref, m) for ref, m in made_by("denoised", "denoise", votes=votes.digest)
+                        if m.config.get("denoise") == cfg.denoise.model_dump(mode="json")],  # the config's method
+                       "denoised pairs of the given config's method", round_dir)
     _, reward = _one([(ref, m) for ref, m in made_by("reward_model", "reward", denoised=denoised.digest)
                       if m.config["reward"]["train"] == cfg.reward.train.model_dump(mode="json")],
                      "reward model of the round's recipe", round_dir)
