@@ -840,8 +840,8 @@ class RoundConfig(StrictModel):
     annotation exports, how it follows the other rounds); the stage sections follow in pipeline order.
     """
 
-    name: str = Field("demo", min_length=1, description="the round's name: its MLflow run (round-{name}-{round_no}) and Prefect "
-                      "artifacts are named after it")
+    name: str = Field("demo", min_length=1, description="the round's name: its MLflow run (round-{name}-{round_no}) "
+                      "and Prefect artifacts are named after it")
     seed: int = Field(0, ge=0, description="seed of every stage (round k of iterated rounds samples with seed + k - 1)")
     workdir: str = Field("rlhf-runs", description="artifact store and run files; relative to the cwd")
     tracking_uri: UrlWithoutCredentials = Field(

@@ -109,5 +109,5 @@ def test_a_model_path_that_holds_no_model_is_refused_with_the_config(layout):
                 {"name": "other", "model": "data", "strategies": [{"name": "g"}]}]}}),
             ("policy_model.pretrained", {"policy_model": {"pretrained": "data"}}),
             ("evaluation.local.model_path", {"evaluation": {"judge": "local", "local": {"model_path": "data"}}})):
-        with pytest.raises(PathNotAllowedError, match=re.escape(key) + ": .*data is not a Hugging Face model directory"):
+        with pytest.raises(PathNotAllowedError, match=re.escape(key) + ": .*data is not a Hugging Face model"):
             check_config_paths(parse_config(section))

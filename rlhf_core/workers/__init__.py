@@ -22,6 +22,7 @@ def die_with_parent(sig: int = signal.SIGTERM) -> None:
     a rank (whose parent, torch elastic's agent, may itself be SIGKILLed). Elsewhere a no-op."""
     if sys.platform != "linux":
         return
+    parent = os.getppid()  # not "is it 1": in a container the round itself may be pid 1
     _LIBC.prctl(PR_SET_PDEATHSIG, sig)
-    if os.getppid() == 1:  # the parent died before the line above: the signal would never come
+    if os.getppid() != parent:  # the parent died before the line above: the signal would never come
         os.kill(os.getpid(), sig)
