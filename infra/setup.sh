@@ -24,10 +24,12 @@ if "$VENV/bin/python" -c "import torch" 2>/dev/null; then
 elif command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
   echo "setup: GPU found, installing $TORCH_SPEC (CUDA build)"
   pip install -q "$TORCH_SPEC"
-elif pip download -q --no-index --no-deps -d "$(mktemp -d)" "$TORCH_SPEC" >/dev/null 2>&1; then
+elif probe=$(mktemp -d) && pip download -q --no-index --no-deps -d "$probe" "$TORCH_SPEC" >/dev/null 2>&1 \
+     && rm -rf "$probe"; then  # only asks whether pip has a local wheel: the copy (~180 MB) goes
   echo "setup: no GPU, installing $TORCH_SPEC from the local CPU wheel"
   pip install -q "$TORCH_SPEC"
 else
+  rm -rf "${probe:-}"
   echo "setup: no GPU, installing $TORCH_SPEC (CPU build)"
   pip install -q "$TORCH_SPEC" --index-url "${TORCH_INDEX_URL:-https://download.pytorch.org/whl/cpu}"
 fi
