@@ -42,44 +42,52 @@ def load_round_config(path: str | Path | None, overrides: list[str] = ()) -> Rou
     return cfg
 
 
-def _load(config: Optional[Path], overrides: list[str]):
-    from rlhf_core.annotation.importer import ImportFormatError
+def _user_error_types() -> tuple[type[Exception], ...]:
+    """What a user can fix: a config, a path, an export, a busy workdir, a tracking server, Prefect's local API.
+    Imported only once one is raised: `rlhf validate` should not pay for MLflow's and Prefect's imports."""
+    from flows.local_api import LocalAPIError
+    from rlhf_core.annotation.label_studio import ImportFormatError
     from rlhf_core.config import ConfigError
+    from rlhf_core.generation.plan import GenerationInputError
     from rlhf_core.paths import PathNotAllowedError
+    from tasks.common import WorkdirBusyError
+    from tasks.tracking import TrackingUnavailableError
 
+    return (ConfigError, PathNotAllowedError, ImportFormatError, GenerationInputError, WorkdirBusyError,
+            TrackingUnavailableError, LocalAPIError)
+
+
+@contextmanager
+def user_errors() -> Iterator[None]:
+    """A command refused for something the user can fix (`_user_error_types`), before or inside the round's flow,
+    ends in one red line and exit code 2, not a traceback; anything else is a bug and keeps its traceback."""
     try:
+        yield
+    except Exception as err:
+        if not isinstance(err, _user_error_types()):
+            raise
+        console.print(f"[red]{err}[/red]", soft_wrap=True)
+        raise typer.Exit(2) from None
+
+
+def _load(config: Optional[Path], overrides: list[str]):
+    with user_errors():
         return load_round_config(config, overrides)
-    except (ConfigError, PathNotAllowedError, ImportFormatError) as err:
-        console.print(f"[red]{err}[/red]", soft_wrap=True)
-        raise typer.Exit(2) from None
-
-
-def _check_tracking(cfg) -> None:
-    """A dead tracking server is a user error: one line and exit 2 before the flow starts."""
-    from tasks.tracking import TrackingUnavailableError, check_tracking_server, default_tracking_uri
-
-    try:
-        check_tracking_server(cfg.tracking_uri or default_tracking_uri(cfg.workdir))
-    except TrackingUnavailableError as err:
-        console.print(f"[red]{err}[/red]", soft_wrap=True)
-        raise typer.Exit(2) from None
 
 
 def prepare_round(cfg) -> ModuleType:
-    """What every round command does before its flow: check the tracking server, then import the round's flows
-    while Prefect's local API starts (flows/local_api.py; nothing starts where PREFECT_API_URL names a server).
-    Returns the flows' module, the API up, the imported objects out of the garbage collector."""
-    from flows.local_api import LocalAPIError, start_local_api
+    """What every round command does before its flow (inside `user_errors`): check the tracking server, then import
+    the round's flows while Prefect's local API starts (flows/local_api.py; nothing starts where PREFECT_API_URL
+    names a server). Returns the flows' module, the API up, the imported objects out of the garbage collector."""
+    from flows.local_api import start_local_api
+    from tasks.tracking import check_tracking_server, default_tracking_uri
 
-    _check_tracking(cfg)  # first: a dead tracking server starts nothing
+    # first: a dead tracking server starts nothing
+    check_tracking_server(cfg.tracking_uri or default_tracking_uri(cfg.workdir))
     api_started = start_local_api()
     import flows.round
 
-    try:
-        api_started()
-    except LocalAPIError as err:
-        console.print(f"[red]{err}[/red]", soft_wrap=True)
-        raise typer.Exit(2) from None
+    api_started()
     freeze_imported_objects()
     return flows.round
 
@@ -92,25 +100,6 @@ def freeze_imported_objects() -> None:
     gc.freeze()
     # runs after every exit handler registered later (Prefect's, the local API's stop): nothing left to flush
     atexit.register(gc.freeze)
-
-
-@contextmanager
-def user_errors() -> Iterator[None]:
-    """A round refused for something the user can fix (a config, a busy workdir, an export, a path, a tracking
-    server) ends in one red line and exit code 2, not a traceback; anything else is a bug and keeps its traceback."""
-    from rlhf_core.annotation.label_studio import ImportFormatError
-    from rlhf_core.config import ConfigError
-    from rlhf_core.generation.plan import GenerationInputError
-    from rlhf_core.paths import PathNotAllowedError
-    from tasks.common import WorkdirBusyError
-    from tasks.tracking import TrackingUnavailableError
-
-    try:
-        yield
-    except (ConfigError, WorkdirBusyError, GenerationInputError, ImportFormatError, PathNotAllowedError,
-            TrackingUnavailableError) as err:
-        console.print(f"[red]{err}[/red]", soft_wrap=True)
-        raise typer.Exit(2) from None
 
 
 def _run(cfg, stop_after: Optional[str] = None) -> dict:

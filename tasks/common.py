@@ -309,10 +309,11 @@ def run_stage(
             replay_metric_history(tracker, run_id, plots / METRIC_HISTORY)  # e.g. PPO's curves, per iteration
             # metrics and outputs as on a miss, but the time the maker took (its run, made_by, has it): this run
             # took none of it. This also registers a model whose first run was killed before it could
-            made = {k: v for k, v in store.manifest(hit).metrics.items() if k != "time/stage_seconds"}
-            _log_outputs(store, tracker, run_id, hit, made, register_as)
+            made = store.manifest(hit).metrics
+            _log_outputs(store, tracker, run_id, hit, {k: v for k, v in made.items() if k != "time/stage_seconds"},
+                         register_as)
             tracker.end_run(run_id)
-            _publish_stage(stage, ctx, hit, store.manifest(hit).metrics, cached=True, run_id=run_id)
+            _publish_stage(stage, ctx, hit, made, cached=True, run_id=run_id)
             return hit
 
         start = time.time()
