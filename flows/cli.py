@@ -7,6 +7,7 @@ import gc
 import json
 import os
 import shlex
+import shutil
 import sys
 from contextlib import contextmanager
 from pathlib import Path
@@ -50,11 +51,12 @@ def _user_error_types() -> tuple[type[Exception], ...]:
     from rlhf_core.config import ConfigError
     from rlhf_core.generation.plan import GenerationInputError
     from rlhf_core.paths import PathNotAllowedError
+    from tasks.annotation import ExportChangedError
     from tasks.common import WorkdirBusyError
     from tasks.tracking import TrackingUnavailableError
 
-    return (ConfigError, PathNotAllowedError, ImportFormatError, GenerationInputError, WorkdirBusyError,
-            TrackingUnavailableError, LocalAPIError)
+    return (ConfigError, PathNotAllowedError, ImportFormatError, ExportChangedError, GenerationInputError,
+            WorkdirBusyError, TrackingUnavailableError, LocalAPIError)
 
 
 @contextmanager
@@ -184,6 +186,62 @@ def validate(config: Path = typer.Argument(...)):
     cfg = _load(config, [])
     console.print(f"[green]{config}: valid[/green] (round {cfg.name!r}, seed {cfg.seed}; every path it names "
                   "lies under the allowed roots)")
+
+
+@app.command()
+def verify(
+    workdir: Path = typer.Argument(..., help="a round's workdir (its artifacts/ and scratch/)"),
+    remove: bool = typer.Option(False, "--remove", help="delete the damaged artifacts and their cache entries: "
+                                                        "the next round makes them again"),
+    remove_scratch: bool = typer.Option(False, "--remove-scratch", help="delete the scratch directories of "
+                                                                        "unfinished stage executions"),
+):
+    """Check every artifact of a workdir byte for byte against its manifest; list unfinished stage executions."""
+    from rich.progress import track
+
+    from rlhf_core.artifacts import ArtifactStore
+    from tasks.common import WorkdirBusyError, lock_workdir, scratch_dirs
+
+    store_root = workdir / "artifacts"
+    if not store_root.is_dir():
+        console.print(f"[red]{workdir} is not a round's workdir (it has no artifacts/)[/red]", soft_wrap=True)
+        raise typer.Exit(2)
+    store = ArtifactStore(store_root)
+    refs = store.committed()
+    damaged = {ref: problems for ref in track(refs, description="verify", console=console, transient=True)
+               if (problems := store.damage(ref))}
+    dangling = store.dangling_cache_entries()
+    scratch = scratch_dirs(workdir)
+    console.print(f"{len(refs)} artifacts in {store_root}: {len(refs) - len(damaged)} intact, {len(damaged)} damaged; "
+                  f"{len(dangling)} cache entries point at no artifact", soft_wrap=True)
+    for ref, problems in damaged.items():
+        console.print(f"[red]damaged[/red] {ref.kind}:{ref.digest[:12]} {ref.path}: {'; '.join(problems)}",
+                      soft_wrap=True)
+    for path, size, age_days in scratch:
+        console.print(f"unfinished: {path} ({size / 2**20:.1f} MiB, last written {age_days:.1f} days ago; a re-run "
+                      "of its stage with the same config and inputs resumes there)", soft_wrap=True)
+    if remove or remove_scratch:
+        try:  # no round may read or write while things go; a killed round's note stays for the next round
+            with lock_workdir(workdir, note="rlhf verify", keep_left=True):
+                if remove:
+                    for ref in damaged:
+                        store.remove(ref)
+                    for entry in dangling:
+                        entry.unlink()
+                    console.print(f"removed {len(damaged)} damaged artifacts and {len(dangling)} dangling cache "
+                                  "entries: the next round makes them again")
+                if remove_scratch:
+                    for path, _, _ in scratch:
+                        shutil.rmtree(path, ignore_errors=True)
+                    console.print(f"removed {len(scratch)} scratch directories")
+        except WorkdirBusyError as err:
+            console.print(f"[red]{err}: nothing removed[/red]", soft_wrap=True)
+            raise typer.Exit(2) from None
+    elif damaged or dangling:
+        console.print(f"run `rlhf verify {shlex.quote(str(workdir))} --remove` to delete them: the next round makes "
+                      "them again", soft_wrap=True)
+    if damaged and not remove:
+        raise typer.Exit(1)
 
 
 @app.command()

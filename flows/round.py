@@ -12,14 +12,7 @@ from typing import Any, Literal
 
 from prefect import flow, get_client, get_run_logger
 from prefect.events import emit_event
-from prefect.client.schemas.filters import (
-    FlowFilter,
-    FlowFilterName,
-    FlowRunFilter,
-    FlowRunFilterState,
-    FlowRunFilterStateType,
-)
-from prefect.client.schemas.objects import StateType
+from prefect.exceptions import ObjectNotFound
 from prefect.states import Crashed
 from prefect.runtime import flow_run
 
@@ -29,7 +22,7 @@ from flows.cli import load_round_config
 from flows.local_api import runs_on_local_api
 from flows.stages import HEAVY_STAGES
 from rlhf_core.artifacts import ArtifactRef, ArtifactStore
-from rlhf_core.config import RESOLVED, ConfigError, RoundConfig, config_digest, deep_merge, load_config, parse_config
+from rlhf_core.config import RESOLVED, ConfigError, RoundConfig, config_digest, deep_merge, parse_config
 from rlhf_core.annotation.importer import check_exports
 from rlhf_core.paths import allowed_roots, check_config_paths, resolve_allowed
 from tasks.annotation import collect_annotations, import_annotations
@@ -110,10 +103,12 @@ def run_tags(config: RoundConfig) -> dict[str, str]:
 
 def close_what_killed_rounds_left(workdir: Path, tracker: Tracker, killed_flow_runs: set[str] = frozenset()
                                   ) -> None:
-    """MLflow runs still RUNNING become KILLED, Prefect flow runs still RUNNING become CRASHED, and
-    half-written staging directories go. Called under the workdir's lock: no live round owns them."""
+    """The runs a killed holder of the workdir's lock left RUNNING (`killed_flow_runs`: the flow runs its note
+    names): its MLflow runs become KILLED, its Prefect flow runs CRASHED; and half-written staging directories
+    go. Called under the workdir's lock. Runs are matched by the note, not by the workdir's path: two machines
+    (pods) may hold the same path on one shared MLflow or Prefect server, and the other's runs are live."""
     log = get_run_logger()
-    if killed := tracker.close_killed_runs(str(workdir)):
+    if killed := tracker.close_killed_runs(str(workdir), killed_flow_runs):
         log.warning("marked %d MLflow run(s) of %s KILLED: left RUNNING by a killed round", killed, workdir)
     if crashed := crash_killed_flow_runs(workdir, killed_flow_runs):
         log.warning("marked %d Prefect flow run(s) of %s CRASHED: left RUNNING by a killed round", crashed, workdir)
@@ -121,24 +116,18 @@ def close_what_killed_rounds_left(workdir: Path, tracker: Tracker, killed_flow_r
         log.warning("removed %d half-written artifact(s) a killed round left in %s", swept, workdir / "artifacts")
 
 
-def crash_killed_flow_runs(workdir: Path, named: set[str] = frozenset()) -> int:
-    """Mark CRASHED the rlhf-round and rlhf-stage flow runs still RUNNING that were this workdir's, but this one:
-    those `named` by the workdir's lock as its killed holder's, and those whose config names `workdir` as an
-    absolute path. A relative workdir of another run is not resolved here: it is relative to that run's own
-    directory, which may be another (two rounds from two directories, one Prefect server, same relative path).
-
-    Called under the workdir's lock, so no live round owns them: a killed process left them so.
-    """
-    running = FlowRunFilter(state=FlowRunFilterState(type=FlowRunFilterStateType(any_=[StateType.RUNNING])))
+def crash_killed_flow_runs(workdir: Path, named: set[str]) -> int:
+    """Mark CRASHED the flow runs `named` (by the workdir's lock, as its killed holder's) still RUNNING, but this
+    one and those it runs inside. Returns how many."""
     crashed = 0
     with get_client(sync_client=True) as client:
         live = this_run_and_its_parents(client)  # rlhf-stage runs rlhf-round as a subflow: its parent is live
-        flows = FlowFilter(name=FlowFilterName(any_=["rlhf-round", "rlhf-stage"]))
-        for run in client.read_flow_runs(flow_filter=flows, flow_run_filter=running):
-            run_workdir = _workdir_of(run.parameters)
-            ours = str(run.id) in named or (run_workdir is not None and Path(run_workdir).is_absolute()
-                                            and Path(run_workdir).resolve() == workdir)
-            if str(run.id) in live or not ours:
+        for run_id in sorted(named - live):
+            try:
+                run = client.read_flow_run(run_id)
+            except ObjectNotFound:  # another Prefect API's (the command line's local one, since gone)
+                continue
+            if run.state is None or not run.state.is_running():
                 continue
             client.set_flow_run_state(run.id, Crashed(message=f"left RUNNING by a killed process; closed by the "
                                                               f"next round in {workdir}"), force=True)
@@ -200,16 +189,6 @@ def checked_round_config(config: RoundConfig, config_path: str | None,
     check_exports(config.annotation)  # and every annotation export readable as one
     check_tracking_server(config.tracking_uri or default_tracking_uri(Path(config.workdir).resolve()))
     return config
-
-
-def _workdir_of(parameters: dict[str, Any]) -> str | None:
-    """The workdir of a flow run's parameters: its config file's when it was given one, else its form's."""
-    if path := parameters.get("config_path"):
-        try:
-            return load_config(path).workdir
-        except (ConfigError, OSError):  # the file changed or went since: not a run of this workdir to close
-            return None
-    return (parameters.get("config") or {}).get("workdir", RoundConfig().workdir)
 
 
 StageName = Literal["world", "sft", "sample", "generate", "annotators", "import_annotations", "vote", "denoise",
@@ -385,12 +364,13 @@ def rlhf_rounds(config: RoundConfig = RoundConfig(), n_rounds: int = 2,
     config = resolve_round_config(config, config_path)
     check_iterated_exports(config, n_rounds)
     # one rlhf-rounds at a time per workdir (its series run; each round still takes the round's lock)
-    with lock_workdir(config.workdir, note=flow_runs_note(), name=".rounds.lock", what="rlhf-rounds"):
-        return _run_series(config, n_rounds)
+    with lock_workdir(config.workdir, note=flow_runs_note(), name=".rounds.lock", what="rlhf-rounds"
+                      ) as left_by_killed:
+        return _run_series(config, n_rounds, left_by_killed)
 
 
-def _run_series(config: RoundConfig, n_rounds: int) -> list[dict[str, Any]]:
-    tracker, series = open_series(config, n_rounds)
+def _run_series(config: RoundConfig, n_rounds: int, left_by_killed: str = "") -> list[dict[str, Any]]:
+    tracker, series = open_series(config, n_rounds, left_by_killed)
     summaries: list[dict[str, Any]] = []
     start: ArtifactRef | None = None
     pairs: ArtifactRef | None = None  # the pairs of the rounds so far
@@ -431,12 +411,13 @@ def check_iterated_exports(config: RoundConfig, n_rounds: int) -> None:
 SERIES_WORKDIR_TAG = "rlhf.series_workdir"  # not rlhf.workdir: each round closes that tag's RUNNING runs as killed
 
 
-def open_series(config: RoundConfig, n_rounds: int) -> tuple[Tracker, str]:
+def open_series(config: RoundConfig, n_rounds: int, left_by_killed: str = "") -> tuple[Tracker, str]:
     """The MLflow run of an rlhf-rounds flow run: each round's run nests under it, and it holds the headline
-    numbers per round (step = round number), so the rounds compare as curves. A series run of the same workdir
-    left RUNNING by a killed rlhf-rounds is marked KILLED first (called under the workdir's rlhf-rounds lock)."""
+    numbers per round (step = round number), so the rounds compare as curves. The series run a killed
+    rlhf-rounds left RUNNING (`left_by_killed`: its note in the workdir's rlhf-rounds lock) is marked KILLED
+    first."""
     workdir, tracker = workdir_tracker(config)
-    if killed := tracker.close_killed_runs(str(workdir), tag=SERIES_WORKDIR_TAG):
+    if killed := tracker.close_killed_runs(str(workdir), flow_runs_in(left_by_killed), tag=SERIES_WORKDIR_TAG):
         get_run_logger().warning("marked %d rlhf-rounds MLflow run(s) of %s KILLED: left RUNNING by a killed "
                                  "process", killed, workdir)
     series = tracker.start_run(f"rounds-{config.name}", {SERIES_WORKDIR_TAG: str(workdir), **run_tags(config)})

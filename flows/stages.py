@@ -86,12 +86,26 @@ MADE_BY = {"pairs": "import_annotations", "policy": "sft"}  # other inputs are n
 
 def find_artifact(reference: str, name: str, store: ArtifactStore) -> ArtifactRef:
     """The artifact `reference` names: `kind:digest` or a digest (or its first 12+ characters) in the workdir's
-    store, or the path of an artifact directory (under the allowed roots). `name` is the input, for messages."""
+    store, or the path of an artifact directory (under the allowed roots). `name` is the input, for messages.
+    Every byte is checked against its manifest: a user-given input is read as it was committed, or refused."""
+    ref = _artifact_named(reference, name, store)
+    if problems := store.damage(ref):
+        shown = "; ".join(problems[:3]) + (f"; and {len(problems) - 3} more" if len(problems) > 3 else "")
+        raise ConfigError(f"inputs.{name}: {ref.kind}:{ref.digest[:12]} at {ref.path} changed since it was committed "
+                          f"({shown}): give another artifact, or run `rlhf verify <workdir> --remove` and let the "
+                          "round make it again")
+    return ref
+
+
+def _artifact_named(reference: str, name: str, store: ArtifactStore) -> ArtifactRef:
     if "/" in reference or reference.startswith("."):
         path = resolve_allowed(reference, f"inputs.{name}", allowed_roots(store.root.parent))
         if not (path / MANIFEST).is_file():
             raise ConfigError(f"inputs.{name}: {path} is not an artifact directory (it has no {MANIFEST})")
-        manifest = Manifest.model_validate_json((path / MANIFEST).read_text())
+        try:
+            manifest = Manifest.model_validate_json((path / MANIFEST).read_text())
+        except ValueError:
+            raise ConfigError(f"inputs.{name}: {path / MANIFEST} is not a manifest this version reads") from None
         return ArtifactRef(kind=manifest.kind, digest=manifest.digest, path=str(path))
     kind, _, digest = reference.rpartition(":")
     if len(digest) < 12:

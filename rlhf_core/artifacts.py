@@ -28,6 +28,7 @@ from typing import Any, BinaryIO, Callable, Iterator
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 MANIFEST = "manifest.json"
+STORE_DIRS = {"cache", ".staging", "plots"}  # beside the kinds' directories, not artifacts
 
 
 class ArtifactRef(BaseModel):
@@ -219,6 +220,8 @@ class ArtifactStore:
         fsync_tree(staged)  # on disk before the cache entry points at it, even across a power loss
         target = self.root / kind / digest
         target.parent.mkdir(parents=True, exist_ok=True)
+        if target.exists() and self.damage(ArtifactRef(kind=kind, digest=digest, path=str(target)), hash_files=False):
+            self._discard(target)  # a damaged copy of this very content (files gone or added): the new one replaces it
         if not target.exists():
             try:
                 os.rename(staged, target)
@@ -231,12 +234,13 @@ class ArtifactStore:
         return ref
 
     def lookup(self, key: str) -> ArtifactRef | None:
-        """The artifact a finished stage execution with this cache key produced, if it is intact."""
+        """The artifact a finished stage execution with this cache key produced, if it is intact (its manifest and
+        every file it lists there, nothing else: a cheap check; `damage(ref)` hashes every byte)."""
         entry = self.root / "cache" / f"{key}.json"
         if not entry.is_file():
             return None
         ref = ArtifactRef.model_validate_json(entry.read_text())
-        if not (Path(ref.path) / MANIFEST).is_file():
+        if not (Path(ref.path) / MANIFEST).is_file() or self.damage(ref, hash_files=False):
             return None
         return ref
 
@@ -247,11 +251,60 @@ class ArtifactStore:
         """Recompute the digest: True if no byte changed since commit."""
         return content_digest(Path(ref.path))[0] == ref.digest
 
+    def damage(self, ref: ArtifactRef, hash_files: bool = True) -> list[str]:
+        """What changed in a committed artifact since its commit, one line each (empty when intact): its manifest
+        unreadable or naming another digest, files missing or added, and (`hash_files`) files whose bytes changed."""
+        root = Path(ref.path)
+        try:
+            manifest = Manifest.model_validate_json((root / MANIFEST).read_text())
+        except (OSError, ValueError) as err:
+            return [f"{MANIFEST} unreadable ({type(err).__name__})"]
+        if manifest.digest != ref.digest:
+            return [f"{MANIFEST} names digest {manifest.digest[:12]}, not {ref.digest[:12]}"]
+        present = {p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file()} - {MANIFEST}
+        problems = [f"{rel}: missing" for rel in sorted(set(manifest.files) - present)]
+        problems += [f"{rel}: not in the manifest" for rel in sorted(present - set(manifest.files))]
+        if hash_files:
+            problems += [f"{rel}: changed (sha256 {sha256_file(root / rel)[:12]}, committed {sha[:12]})"
+                         for rel, sha in sorted(manifest.files.items())
+                         if rel in present and sha256_file(root / rel) != sha]
+        return problems
+
+    def remove(self, ref: ArtifactRef) -> int:
+        """Delete an artifact (a damaged one) and the cache entries that point at it, so the stage executions that
+        made it run again; their figures stay. Returns how many cache entries went. Call it only while no other
+        process uses this store (a round holds its workdir's lock)."""
+        entries = [e for e in (self.root / "cache").glob("*.json")
+                   if ArtifactRef.model_validate_json(e.read_text()).path == ref.path]
+        for entry in entries:  # first: a cache entry never points at a half-deleted artifact
+            entry.unlink()
+        self._discard(Path(ref.path))
+        return len(entries)
+
+    def _discard(self, path: Path) -> None:
+        """Move a directory out of the store's tree in one rename, then delete it."""
+        base = self.root / ".staging"
+        base.mkdir(exist_ok=True)
+        aside = Path(tempfile.mkdtemp(dir=base, prefix="removed-"))
+        os.rename(path, aside / path.name)
+        shutil.rmtree(aside, ignore_errors=True)
+
     def find(self, kind: str, digest: str) -> ArtifactRef:
         path = self.root / kind / digest
         if not (path / MANIFEST).is_file():
             raise FileNotFoundError(f"no {kind} artifact {digest} under {self.root}")
         return ArtifactRef(kind=kind, digest=digest, path=str(path))
+
+    def committed(self) -> list[ArtifactRef]:
+        """Every artifact directory of every kind (also one whose manifest is unreadable), in kind, digest order."""
+        kinds = [d for d in sorted(self.root.iterdir()) if d.is_dir() and d.name not in STORE_DIRS]
+        return [ArtifactRef(kind=k.name, digest=d.name, path=str(d)) for k in kinds for d in sorted(k.iterdir())
+                if d.is_dir()]
+
+    def dangling_cache_entries(self) -> list[Path]:
+        """Cache entries whose artifact is gone (e.g. deleted by hand): lookups treat them as misses."""
+        entries = sorted((self.root / "cache").glob("*.json"))
+        return [e for e in entries if not (Path(ArtifactRef.model_validate_json(e.read_text()).path) / MANIFEST).is_file()]
 
     def artifacts(self, kind: str) -> list[ArtifactRef]:
         """Every committed artifact of `kind`, in digest order."""

@@ -29,6 +29,10 @@ IMPORT_VERSION = "3"
 SIMULATED_EXPORT = "00-simulated-label-studio.json"
 
 
+class ExportChangedError(ValueError):
+    """An annotation export changed between the round hashing it and copying it."""
+
+
 def export_files(cfg: AnnotationConfig, workdir: str) -> list[Path]:
     """The configured export files, resolved and checked to lie under the allowed roots."""
     roots = allowed_roots(workdir)
@@ -44,12 +48,18 @@ def collect_annotations(ctx: RunContext, cfg: AnnotationConfig, world: WorldConf
                         seed: int) -> ArtifactRef:
     """The annotators' exports: the user's files (copied, in order), or the simulated crowd's."""
     files = export_files(cfg, ctx.workdir)
+    keyed = [sha256_file(f) for f in files]  # the cache key: what the stage reads
 
     def produce(out: Path, run: StageRun) -> dict[str, float]:
         (out / "exports").mkdir()
         if files:
-            for i, f in enumerate(files):
-                shutil.copyfile(f, out / "exports" / f"{i:02d}-{f.name}")
+            for i, (f, sha) in enumerate(zip(files, keyed)):
+                copy = out / "exports" / f"{i:02d}-{f.name}"
+                shutil.copyfile(f, copy)
+                if sha256_file(copy) != sha:  # else the copy would be committed under the key of other content
+                    raise ExportChangedError(
+                        f"annotation.exports: {f} changed while the round read it (is it still being written?): "
+                        "nothing was committed; run the round again once the file is complete")
             return {"annotators/simulated": 0.0, "annotators/n_files": len(files)}
         table = read_table("responses", responses.file("responses.parquet"))
         tasks = make_comparison_tasks(table, cfg.pairs_per_prompt, seed=seed)
@@ -59,7 +69,7 @@ def collect_annotations(ctx: RunContext, cfg: AnnotationConfig, world: WorldConf
 
     # The user's files are copied as they are: their content is the key, not the simulated crowd's settings (the
     # world) or the seed, which only the simulated export reads. A changed file is never served from the cache.
-    config = {"annotation": cfg.model_dump(), "export_sha256": [sha256_file(f) for f in files]}
+    config = {"annotation": cfg.model_dump(), "export_sha256": keyed}
     if not files:
         config |= {"world": world.model_dump(), "seed": seed}
     return run_stage(ctx, stage="annotators", version=COLLECT_VERSION, kind="annotation_export", config=config,

@@ -101,15 +101,16 @@ class WorkdirBusyError(RuntimeError):
 
 
 @contextmanager
-def lock_workdir(workdir: str | Path, note: str = "", name: str = ".round.lock", what: str = "round"
-                 ) -> Iterator[str]:
+def lock_workdir(workdir: str | Path, note: str = "", name: str = ".round.lock", what: str = "round",
+                 keep_left: bool = False) -> Iterator[str]:
     """Hold `<workdir>/<name>` for the duration: a second round in the same workdir fails at once.
 
     Two rounds at once in one workdir race on the first creation of mlflow.db, on the scratch
     directories and on model registration. The lock is an flock, so a killed round releases it.
     The holder writes its pid, host and `note` into the file and empties it when it lets go; yields what a
     holder that never let go (a killed round) left there, "" otherwise: the next round knows which runs it left.
-    The first round to take a workdir also leaves a `.gitignore` of `*` in it.
+    The first round to take a workdir also leaves a `.gitignore` of `*` in it. `keep_left`: a holder that closes
+    nothing of a killed round's (`rlhf verify`) puts its note back when it lets go, for the next round.
     """
     path = Path(workdir)
     path.mkdir(parents=True, exist_ok=True)
@@ -134,7 +135,24 @@ def lock_workdir(workdir: str | Path, note: str = "", name: str = ".round.lock",
             yield left_by_killed
         finally:
             f.truncate(0)
+            if keep_left and left_by_killed:
+                f.write(left_by_killed)
+                f.flush()
             fcntl.flock(f, fcntl.LOCK_UN)
+
+
+SCRATCH = "scratch"  # <workdir>/scratch/<stage>-<cache key>: what an unfinished stage execution resumes from
+
+
+def scratch_dirs(workdir: str | Path) -> list[tuple[Path, int, float]]:
+    """The scratch directories of unfinished stage executions (committed ones remove theirs), each with its size in
+    bytes and the days since a file in it was last written. A config changed since leaves its own behind."""
+    found = []
+    for path in sorted((Path(workdir) / SCRATCH).glob("*")):
+        files = [f.stat() for f in path.rglob("*") if f.is_file()]
+        newest = max((st.st_mtime for st in files), default=path.stat().st_mtime)
+        found.append((path, sum(st.st_size for st in files), (time.time() - newest) / 86400))
+    return found
 
 
 @dataclass
@@ -317,7 +335,7 @@ def run_stage(
             return hit
 
         start = time.time()
-        scratch = Path(ctx.workdir) / "scratch" / f"{stage}-{key[:16]}"
+        scratch = Path(ctx.workdir) / SCRATCH / f"{stage}-{key[:16]}"
         resuming = " (resuming from its scratch directory)" if scratch.exists() else ""
         _stage_logger().info("stage %s: running%s", stage, resuming)
         with store.staging() as staged:
@@ -431,4 +449,4 @@ def _base_model(manifest: Manifest) -> str:
 
 
 __all__ = ["RunContext", "StageRun", "run_stage", "publish_markdown", "in_prefect_run", "config_digest", "code_version",
-           "lock_workdir", "WorkdirBusyError"]
+           "lock_workdir", "WorkdirBusyError", "SCRATCH", "scratch_dirs"]

@@ -157,13 +157,18 @@ class Tracker:
     def end_run(self, run_id: str, status: str = "FINISHED") -> None:
         self.client.set_terminated(run_id, status=status)
 
-    def close_killed_runs(self, workdir: str, tag: str = "rlhf.workdir") -> int:
-        """Mark KILLED the runs whose `tag` is `workdir` still RUNNING, and FAILED the logged models they left
-        PENDING: called under the workdir's lock, so no live round owns them; a killed process left them.
-        Returns how many runs."""
-        stale = self.client.search_runs(
+    def close_killed_runs(self, workdir: str, flow_runs: set[str], tag: str = "rlhf.workdir") -> int:
+        """Mark KILLED the runs still RUNNING whose `tag` is `workdir` and whose Prefect flow run (the tag
+        prefect.flow_run_id) is one of `flow_runs`: those a killed holder of the workdir's lock noted as its own.
+        Also FAILED the logged models they left PENDING. Called under the workdir's lock. The workdir alone does
+        not tell a killed run from a live one: two machines (pods) may hold the same path on one shared MLflow
+        server. Returns how many runs."""
+        if not flow_runs:
+            return 0
+        running = self.client.search_runs(
             [self.experiment_id], filter_string=f"attributes.status = 'RUNNING' and tags.`{tag}` = '{workdir}'",
             max_results=1000)
+        stale = [run for run in running if run.data.tags.get("prefect.flow_run_id") in flow_runs]
         for run in stale:
             self.client.set_terminated(run.info.run_id, status="KILLED")
             models = self.client.search_logged_models([self.experiment_id],

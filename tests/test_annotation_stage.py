@@ -115,3 +115,32 @@ def test_exports_that_give_no_pair_are_refused_at_import_saying_why(prefect_api,
                                                 r"\(.*self_pair x5\)"):
         _round(allow_tmp / "w", [export])
     assert not list((allow_tmp / "w" / "artifacts").glob("comparisons/*"))
+
+
+def test_an_export_that_changes_while_it_is_copied_is_refused_not_committed_under_its_old_hash(
+        prefect_api, allow_tmp, monkeypatch):
+    """The stage keys its cache on the exports' hashes, then copies them: a file still being written between the two
+    was committed under the hash of content it does not hold (and served for that content ever after)."""
+    import shutil
+
+    import tasks.annotation
+    from tasks.annotation import ExportChangedError
+
+    lines = _hh_lines(20)
+    export = allow_tmp / "growing.jsonl"
+    export.write_text("".join(lines[:10]))
+    copyfile = shutil.copyfile  # tasks.annotation's shutil is everyone's: other copies go through unchanged
+
+    def copy_while_the_annotation_tool_appends(src, dst, **kwargs):
+        if Path(src) == export and export.read_text().count("\n") == 10:  # the tool is still writing the export
+            export.write_text("".join(lines))
+        return copyfile(src, dst, **kwargs)
+
+    monkeypatch.setattr(tasks.annotation.shutil, "copyfile", copy_while_the_annotation_tool_appends)
+    with pytest.raises(ExportChangedError, match=r"growing.jsonl changed while the round read it.*run the round again"):
+        _round(allow_tmp / "w", [export], stop_after="annotators")
+    assert not list((allow_tmp / "w" / "artifacts").glob("annotation_export/*"))
+    monkeypatch.setattr(tasks.annotation.shutil, "copyfile", copyfile)
+    summary = _round(allow_tmp / "w", [export])  # the whole file now: keyed and copied as one
+    comparisons, _, _ = _tables(summary)
+    assert len(comparisons) == 20

@@ -60,6 +60,36 @@ def test_commit_lookup_verify_lineage(tmp_path):
     assert not store.verify(down)
 
 
+def test_damage_names_what_changed_a_broken_artifact_is_a_miss_and_its_recommit_heals_it(tmp_path):
+    store = ArtifactStore(tmp_path / "store")
+
+    def make(key):
+        with store.staging() as staged:
+            (staged / "weights.bin").write_bytes(b"w" * 1000)
+            (staged / "config.json").write_text("{}")
+            return _commit(store, staged, kind="policy", key=key)
+
+    ref = make("k1")
+    assert store.damage(ref) == [] and store.lookup("k1") == ref
+    root = tmp_path / "store" / "policy" / ref.digest
+    (root / "weights.bin").write_bytes(b"w" * 999 + b"x")  # one byte: only a full check sees it
+    assert store.damage(ref, hash_files=False) == [] and store.lookup("k1") == ref
+    [changed] = store.damage(ref)
+    assert changed.startswith("weights.bin: changed (sha256 ") and not store.verify(ref)
+    (root / "config.json").unlink()
+    (root / "stray.txt").write_text("?")
+    assert store.damage(ref, hash_files=False) == ["config.json: missing", "stray.txt: not in the manifest"]
+    assert store.lookup("k1") is None  # the stage runs again ...
+    assert make("k1") == ref  # ... and its commit replaces the damaged copy of the same content
+    assert store.damage(ref) == [] and store.lookup("k1") == ref
+    (root / "weights.bin").write_bytes(b"broken")
+    assert store.remove(ref) == 1  # the damaged artifact and its cache entry: the next run makes it again
+    assert not root.exists() and store.lookup("k1") is None and not list((tmp_path / "store" / ".staging").iterdir())
+    (root.parent / ("f" * 64)).mkdir()
+    (root.parent / ("f" * 64) / "manifest.json").write_text("{not json")
+    assert store.damage(store.find("policy", "f" * 64)) == ["manifest.json unreadable (ValidationError)"]
+
+
 def test_cache_key_depends_on_every_part():
     base = cache_key("s", "1", "c", {"x": "d"})
     assert base == cache_key("s", "1", "c", {"x": "d"})

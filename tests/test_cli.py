@@ -253,3 +253,49 @@ def test_a_round_killed_with_sigkill_leaves_no_local_api_behind(tmp_path):
     while _listening(port) and time.time() < deadline:
         time.sleep(0.2)
     assert not _listening(port)
+
+
+def test_verify_finds_damaged_artifacts_and_unfinished_executions_and_removes_them_only_when_asked(tmp_path):
+    from rlhf_core.artifacts import ArtifactStore
+    from tasks.common import lock_workdir
+
+    workdir = tmp_path / "w"
+    store = ArtifactStore(workdir / "artifacts")
+    refs = []
+    for i in range(3):
+        with store.staging() as staged:
+            (staged / "table.parquet").write_bytes(b"rows %d" % i)
+            refs.append(store.commit(staged, kind="votes", stage="vote", stage_version="1", code_version="t",
+                                     config={}, config_digest="c", inputs={}, cache_key=f"key{i}"))
+    (workdir / "artifacts" / "votes" / refs[1].digest / "table.parquet").write_bytes(b"rows X")  # one byte
+    (workdir / "artifacts" / "cache" / "gone.json").write_text(
+        refs[0].model_copy(update={"path": str(workdir / "artifacts" / "votes" / ("0" * 64))}).model_dump_json())
+    (workdir / "scratch" / "ppo-0123456789abcdef" / "checkpoint").mkdir(parents=True)
+    (workdir / "scratch" / "ppo-0123456789abcdef" / "checkpoint" / "policy.bin").write_bytes(b"\0" * 2**20)
+    killed_note = "pid 1 on elsewhere; prefect flow runs abc"
+    (workdir / ".round.lock").write_text(killed_note)
+
+    result = runner.invoke(app, ["verify", str(workdir)])
+    assert result.exit_code == 1, result.output
+    assert "3 artifacts in" in result.output and "2 intact, 1 damaged; 1 cache entries point at no artifact" \
+        in result.output
+    assert f"damaged votes:{refs[1].digest[:12]}" in result.output and "table.parquet: changed" in result.output
+    assert "unfinished:" in result.output and "ppo-0123456789abcdef (1.0 MiB" in result.output
+    assert "--remove` to delete them" in result.output
+    assert all((workdir / "artifacts" / "votes" / r.digest).exists() for r in refs)  # nothing removed unasked
+
+    with lock_workdir(workdir, note="a round"):  # a live round: nothing is removed under it
+        busy = runner.invoke(app, ["verify", str(workdir), "--remove"])
+    assert busy.exit_code == 2 and "another round is running" in busy.output and "nothing removed" in busy.output
+    (workdir / ".round.lock").write_text(killed_note)  # as the killed round left it (the live one emptied it)
+
+    result = runner.invoke(app, ["verify", str(workdir), "--remove", "--remove-scratch"])
+    assert result.exit_code == 0, result.output
+    assert "removed 1 damaged artifacts and 1 dangling cache entries" in result.output
+    assert not (workdir / "artifacts" / "votes" / refs[1].digest).exists()
+    assert store.lookup("key1") is None and store.lookup("key0") == refs[0] and store.lookup("key2") == refs[2]
+    assert not list((workdir / "scratch").iterdir())
+    assert (workdir / ".round.lock").read_text() == killed_note  # the next round still closes the killed one's runs
+    again = runner.invoke(app, ["verify", str(workdir)])
+    assert again.exit_code == 0 and "2 intact, 0 damaged; 0 cache entries" in again.output
+    assert runner.invoke(app, ["verify", str(tmp_path / "nothing")]).exit_code == 2

@@ -211,10 +211,16 @@ def test_a_model_whose_files_fail_to_upload_is_failed_and_not_registered(tmp_pat
 
 def test_a_model_a_killed_round_left_pending_is_failed_by_the_next_round(tmp_path):
     tracker = Tracker(f"sqlite:///{tmp_path / 'm.db'}", "killed")
-    killed = tracker.start_run("ppo", {"rlhf.workdir": "/w"})
+    killed = tracker.start_run("ppo", {"rlhf.workdir": "/w", "prefect.flow_run_id": "killed-flow-run"})
     pending = tracker.client.create_logged_model(tracker.experiment_id, name="rlhf-policy", source_run_id=killed)
-    assert tracker.close_killed_runs("/w") == 1
+    # the same path on another machine sharing this MLflow server: a live run, not noted by the killed holder
+    live = tracker.start_run("ppo", {"rlhf.workdir": "/w", "prefect.flow_run_id": "live-flow-run"})
+    live_model = tracker.client.create_logged_model(tracker.experiment_id, name="rlhf-policy", source_run_id=live)
+    assert tracker.close_killed_runs("/w", set()) == 0  # no killed holder: nothing to close
+    assert tracker.close_killed_runs("/w", {"killed-flow-run"}) == 1
     assert tracker.client.get_logged_model(pending.model_id).status == LoggedModelStatus.FAILED
+    assert tracker.client.get_run(live).info.status == "RUNNING"
+    assert tracker.client.get_logged_model(live_model.model_id).status == LoggedModelStatus.PENDING
 
 
 def test_no_secret_reaches_the_logged_model_or_the_version(tmp_path):

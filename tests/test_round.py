@@ -124,6 +124,9 @@ def test_a_model_is_registered_once_per_digest_and_again_after_a_kill_lost_it(tw
 
 
 def test_runs_a_killed_round_left_running_are_closed_by_the_next_round(two_rounds):
+    """The next round closes what the killed holder of the workdir's lock noted as its own (its flow runs, and the
+    MLflow runs tagged with them), not every run of the workdir's path: on a shared MLflow or Prefect server, the
+    same absolute path may be another machine's (pod's) live round."""
     from prefect import get_client
     from prefect.states import Crashed, Running
 
@@ -132,13 +135,14 @@ def test_runs_a_killed_round_left_running_are_closed_by_the_next_round(two_round
 
     cfg, first, _ = two_rounds
     uri, workdir = first["mlflow"]["tracking_uri"], str(Path(cfg.workdir).resolve())
-    tracker = Tracker(uri, cfg.experiment)
-    orphan = tracker.start_run("ppo", {"rlhf.workdir": workdir})  # as a SIGKILLed stage leaves it: RUNNING
-    elsewhere = tracker.start_run("ppo", {"rlhf.workdir": "/some/other/workdir"})
-    with get_client(sync_client=True) as prefect:  # a flow run a SIGKILLed round left RUNNING, and another's
+    with get_client(sync_client=True) as prefect:  # a flow run a SIGKILLed round left RUNNING, and a live one's
         flow_runs = {name: prefect.create_flow_run(rlhf_round, name=name, state=Running(),
-                                                   parameters={"config": {"workdir": wd}})
-                     for name, wd in (("killed-here", workdir), ("elsewhere", "/some/other/workdir"))}
+                                                   parameters={"config": {"workdir": workdir}})
+                     for name in ("killed", "same path, another machine")}
+    tracker = Tracker(uri, cfg.experiment)
+    orphan, live = (tracker.start_run("ppo", {"rlhf.workdir": workdir, "prefect.flow_run_id": str(flow_runs[n].id)})
+                    for n in ("killed", "same path, another machine"))  # RUNNING, as a SIGKILLed stage leaves it
+    (Path(workdir) / ".round.lock").write_text(f"pid 1 on elsewhere; prefect flow runs {flow_runs['killed'].id}")
     half_written = Path(cfg.workdir) / "artifacts" / ".staging" / "tmpkilled"
     half_written.mkdir(parents=True)
     (half_written / "responses.parquet").write_bytes(b"PAR1 half")
@@ -146,21 +150,20 @@ def test_runs_a_killed_round_left_running_are_closed_by_the_next_round(two_round
     assert not half_written.exists()
     client = MlflowClient(uri)
     assert client.get_run(orphan).info.status == "KILLED"
-    assert client.get_run(elsewhere).info.status == "RUNNING"  # not this workdir's: left alone
+    assert client.get_run(live).info.status == "RUNNING"  # not the killed holder's: left alone
     assert client.get_run(summary["mlflow"]["run_id"]).info.status == "FINISHED"
     with get_client(sync_client=True) as prefect:
         states = {name: prefect.read_flow_run(run.id).state for name, run in flow_runs.items()}
-        assert states["killed-here"].is_crashed() and states["elsewhere"].is_running()
+        assert states["killed"].is_crashed() and states["same path, another machine"].is_running()
         assert prefect.read_flow_run(summary["prefect_flow_run_id"]).state.is_completed()
-        prefect.set_flow_run_state(flow_runs["elsewhere"].id, Crashed(), force=True)
-    tracker.end_run(elsewhere)
+        prefect.set_flow_run_state(flow_runs["same path, another machine"].id, Crashed(), force=True)
+    tracker.end_run(live)
 
 
 def test_a_killed_rounds_flow_runs_are_found_by_the_lock_it_left_not_by_guessing_a_relative_workdir(two_rounds):
     """A run whose config names the workdir relative to its own directory may be another directory's live round
     (one Prefect server, two checkouts, both `rlhf-runs`): it was marked CRASHED while it ran. Now a round closes
-    the flow runs its killed predecessor noted in the workdir's lock, and runs of an absolute workdir equal to
-    its own."""
+    the flow runs its killed predecessor noted in the workdir's lock, and only those."""
     import os
 
     from prefect import get_client
@@ -194,6 +197,24 @@ def test_a_second_rlhf_rounds_in_a_busy_workdir_is_refused_before_it_touches_the
     with lock_workdir(cfg.workdir, name=".rounds.lock", what="rlhf-rounds"):
         with pytest.raises(WorkdirBusyError, match="another rlhf-rounds is running in"):
             rlhf_rounds(config=cfg, n_rounds=1)
+
+
+def test_the_series_run_a_killed_rlhf_rounds_left_is_closed_by_the_next_one_and_no_other(two_rounds):
+    from flows.round import SERIES_WORKDIR_TAG, rlhf_rounds
+    from tasks.tracking import Tracker
+
+    cfg, first, _ = two_rounds
+    workdir = Path(cfg.workdir).resolve()
+    tracker = Tracker(first["mlflow"]["tracking_uri"], cfg.experiment)
+    killed, live = (tracker.start_run("rounds-x", {SERIES_WORKDIR_TAG: str(workdir), "prefect.flow_run_id": flow})
+                    for flow in ("killed-series-flow-run", "another-machines-series-flow-run"))
+    (workdir / ".rounds.lock").write_text("pid 1 on elsewhere; prefect flow runs killed-series-flow-run")
+    [summary] = rlhf_rounds(config=cfg, n_rounds=1)
+    assert tracker.client.get_run(killed).info.status == "KILLED"
+    assert tracker.client.get_run(live).info.status == "RUNNING"
+    assert summary["artifacts"]["ppo"] == first["artifacts"]["ppo"]
+    assert (workdir / ".rounds.lock").read_text() == ""
+    tracker.end_run(live)
 
 
 @pytest.mark.parametrize("method", ["baseline", "flip", "margin", "flip_margin", "soft_label_margin"])

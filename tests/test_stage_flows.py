@@ -75,6 +75,21 @@ def test_an_artifact_is_found_by_kind_digest_prefix_or_directory(round_to_vote):
         find_artifact("votes", "vote", store)
 
 
+def test_a_given_input_whose_bytes_changed_since_its_commit_is_refused(round_to_vote):
+    import shutil
+
+    cfg, first = round_to_vote
+    store = ArtifactStore(Path(cfg.workdir) / "artifacts")
+    copy = Path(cfg.workdir) / "edited-votes"  # a copy of the votes artifact, edited by hand
+    shutil.copytree(first["artifacts"]["vote"]["path"], copy)
+    assert find_artifact(str(copy), "vote", store).digest == first["artifacts"]["vote"]["digest"]
+    [table] = [p for p in copy.glob("*.parquet")]
+    table.write_bytes(table.read_bytes()[:-1] + b"!")
+    with pytest.raises(ConfigError, match=rf"inputs\.vote: votes:\w{{12}} at .*edited-votes changed since it was "
+                                          rf"committed \({table.name}: changed .*rlhf verify <workdir> --remove"):
+        find_artifact(str(copy), "vote", store)
+
+
 def test_a_stage_without_gold_is_not_served_the_one_with_gold(round_to_vote):
     """`simulated` decides whether the vote and denoise stages add gold metrics, so it is part of their keys: a hit
     reports what a miss would."""
