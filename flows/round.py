@@ -22,7 +22,8 @@ from flows.cli import load_round_config
 from flows.local_api import runs_on_local_api
 from flows.stages import HEAVY_STAGES
 from rlhf_core.artifacts import ArtifactRef, ArtifactStore
-from rlhf_core.config import RESOLVED, ConfigError, RoundConfig, config_digest, deep_merge, parse_config
+from rlhf_core.config import (RESOLVED, ConfigError, RoundConfig, config_digest, deep_merge, parse_config,
+                               url_without_userinfo)
 from rlhf_core.annotation.importer import check_exports
 from rlhf_core.paths import allowed_roots, check_config_paths, resolve_allowed
 from tasks.annotation import collect_annotations, import_annotations
@@ -98,7 +99,7 @@ def run_tags(config: RoundConfig) -> dict[str, str]:
     UI link only where the Prefect API outlives the command: a command-line round's local API does not)."""
     return {"rlhf.round": config.name, "rlhf.config_digest": config_digest(config), **code_tags(),
             "prefect.flow_run_id": str(flow_run.id or ""), "prefect.flow_run_name": str(flow_run.name or ""),
-            "prefect.flow_run_url": "" if runs_on_local_api() else str(flow_run.ui_url or "")}
+            "prefect.flow_run_url": "" if runs_on_local_api() else url_without_userinfo(str(flow_run.ui_url or ""))}
 
 
 def close_what_killed_rounds_left(workdir: Path, tracker: Tracker, killed_flow_runs: set[str] = frozenset()

@@ -45,7 +45,9 @@ case "${1:-}" in
       alive "$name" && { echo "services: $name already runs (pid $(cat "$DIR/$name.pid")); stop first" >&2; exit 1; }
     done
     launch prefect "$BIN/prefect" server start --host 127.0.0.1 --port "$PREFECT_PORT"
-    launch mlflow "$BIN/mlflow" server --backend-store-uri "${MLFLOW_BACKEND_STORE_URI:-sqlite:///$DIR/mlflow.db}" \
+    # the store's URI through the environment (mlflow server reads MLFLOW_BACKEND_STORE_URI), not the command line,
+    # where `ps` would show a password in it to every user of the machine
+    MLFLOW_BACKEND_STORE_URI=${MLFLOW_BACKEND_STORE_URI:-sqlite:///$DIR/mlflow.db} launch mlflow "$BIN/mlflow" server \
       --artifacts-destination "$DIR/mlartifacts" --host 127.0.0.1 --port "$MLFLOW_PORT"
     wait_for "$PREFECT_API_URL/health" 60
     "$BIN/prefect" work-pool inspect rlhf >/dev/null 2>&1 || "$BIN/prefect" work-pool create rlhf --type process >/dev/null

@@ -3,9 +3,9 @@
 Shared by the LLM tagger (`sampling/taggers.py`) and the HTTP judge (`judge/http.py`); each keeps
 its own prompting, parsing and caching.
 
-- The API key goes out as `Authorization: Bearer <key>` (no header when there is none). It is kept
-  private, never in repr, and scrubbed ("***") from every error message and reply text, in case a
-  server echoes it.
+- The API key goes out as `Authorization: Bearer <key>` (no header when there is none), over https or to this
+  machine only (plain http to another host is refused). It is kept private, never in repr, and scrubbed ("***")
+  from every error message and reply text, in case a server echoes it.
 - Retries on I/O only: HTTP 429, 5xx, connection errors and timeouts, with exponential backoff
   (backoff_s, 2 × backoff_s, ...); a Retry-After header in seconds replaces the backoff, capped at
   MAX_RETRY_AFTER_S. Other 4xx fail at once: a wrong model name or key will not get better by asking again.
@@ -15,6 +15,7 @@ its own prompting, parsing and caching.
 
 from __future__ import annotations
 
+import ipaddress
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -45,15 +46,16 @@ class ChatReply:
     completion_tokens: int
 
 
-def server_message(response: httpx.Response) -> str:
-    """The server's error message: error.message of an OpenAI-style body, else the body's start."""
+def server_message(response: httpx.Response, secret: str | None = None) -> str:
+    """The server's error message: error.message of an OpenAI-style body, else the body's start; the key scrubbed
+    before the cut (a cut through an echoed key would leave its start where `scrub` no longer finds it)."""
     try:
         body = response.json()
         err = body.get("error", body) if isinstance(body, dict) else body
         msg = err.get("message", err) if isinstance(err, dict) else err
-        return str(msg)[:500]
+        return scrub(str(msg), secret)[:500]
     except ValueError:
-        return response.text[:500]
+        return scrub(response.text, secret)[:500]
 
 
 def scrub(text: str, secret: str | None) -> str:
@@ -72,6 +74,20 @@ def checked_key(api_key: str | None) -> str | None:
         raise ValueError("the API key is empty or holds a control character (a line break pasted inside it?): "
                          "fix the environment variable or Secret block that holds it (its value is not shown)")
     return key
+
+
+def encrypted_or_local(url: str) -> bool:
+    """https, or http to this machine (a loopback address): where an API key may be sent."""
+    parts = httpx.URL(url)
+    if parts.scheme == "https":
+        return True
+    host = parts.host.strip("[]").lower()
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def retry_after_s(response: httpx.Response) -> float | None:
@@ -102,6 +118,10 @@ class ChatCompletionsClient:
         self.model = model
         self.max_retries, self.backoff_s = max_retries, backoff_s
         self._api_key = checked_key(api_key)
+        if self._api_key and not encrypted_or_local(self.url):
+            raise ValueError(f"{self.url}: refusing to send the API key over plain http to another machine (anyone "
+                             "on the way could read it): use https, or set api_key_env to null for a server that "
+                             "needs no key (a vLLM or llama.cpp server)")
         self._count = count
         self._client = httpx.Client(timeout=timeout_s)
 
@@ -134,7 +154,7 @@ class ChatCompletionsClient:
             else:
                 if response.status_code == 200:
                     return self._reply(response)
-                failure = f"HTTP {response.status_code}: {server_message(response)}"
+                failure = f"HTTP {response.status_code}: {server_message(response, self._api_key)}"
                 if response.status_code != 429 and response.status_code < 500:
                     raise ChatCompletionsError(scrub(f"{self.url}: {failure} (not retried)", self._api_key))
                 retry_after = retry_after_s(response)

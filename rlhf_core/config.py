@@ -12,7 +12,7 @@ import json
 import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
-from urllib.parse import parse_qsl, urlsplit
+from urllib.parse import urlsplit, urlunsplit
 
 import yaml
 from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr, SerializationInfo,
@@ -22,12 +22,19 @@ from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr,
 # The NAME of an environment variable that holds an API key: upper case by convention, and so never the shape of
 # a key (sk-..., gsk_..., mixed-case base62), which a user may paste here by mistake; the error then hides the value.
 ENV_VAR_NAME = r"^[A-Z_][A-Z0-9_]{0,63}$"
-CREDENTIAL_QUERY = re.compile(r"(key|token|secret|password|signature|sig|auth)", re.IGNORECASE)
+CREDENTIAL_QUERY = re.compile(r"(key|token|secret|password|signature|sig|auth)|^code$", re.IGNORECASE)
+# The same refusals as no_credentials_in_url's, as a JSON-schema pattern (the deployment's parameter schema): the
+# Prefect server refuses such a URL typed into a run's form before it stores the run's parameters. No userinfo with
+# a password, no userinfo at all for http(s), no fragment; credential-like query names are the flow's to refuse.
+URL_SCHEMA_PATTERN = r"^(?![a-zA-Z][a-zA-Z0-9+.-]*://[^/?#@]*:[^/?#@]*@)(?![hH][tT][tT][pP][sS]?://[^/?#]*@)[^#]*$"
+# A Prefect block document's name: lower-case letters, digits and dashes (so never a mixed-case key); not sk-...
+BLOCK_NAME = r"^[a-z0-9-]+$"
 
 
 def no_credentials_in_url(url: str | None) -> str | None:
-    """Refuse a URL that carries a credential (user:password@, or a query parameter such as ?key=): a config's values
-    go to MLflow params, manifests and error messages, where secrets must never be."""
+    """Refuse a URL that carries a credential (user:password@, a token as the user of an http(s) URL, a query or
+    path parameter such as ?key= or ;token=, a fragment): a config's values go to MLflow params, manifests, Prefect
+    parameters and error messages, where secrets must never be."""
     if url is None:
         return url
     parts = urlsplit(url)
@@ -36,13 +43,39 @@ def no_credentials_in_url(url: str | None) -> str | None:
                          "API key: api_key_env or secret_block; a database: its client's variable, e.g. PGPASSWORD; "
                          "an MLflow server: MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD); the value is not "
                          "shown")
-    if any(CREDENTIAL_QUERY.search(name) for name, _ in parse_qsl(parts.query, keep_blank_values=True)):
+    if parts.username is not None and parts.scheme.lower() in ("http", "https"):
+        raise ValueError("the URL has a user part (...@host), which an http(s) server reads as a credential: give "
+                         "the API key through api_key_env or secret_block, an MLflow server's user through "
+                         "MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD; the value is not shown")
+    names = [item.partition("=")[0] for item in re.split(r"[&;]", parts.query) if item]
+    names += [item.partition("=")[0] for segment in parts.path.split("/") for item in segment.split(";")[1:]]
+    if any(CREDENTIAL_QUERY.search(name) for name in names):
         raise ValueError("the URL has a credential-like query parameter (key, token, secret, ...): give the key "
                          "through api_key_env or secret_block instead; the value is not shown")
+    if parts.fragment:
+        raise ValueError("the URL has a fragment (#...), which no API root or store needs and which may carry a "
+                         "token: remove it; the value is not shown")
     return url
 
 
-UrlWithoutCredentials = Annotated[str | None, AfterValidator(no_credentials_in_url)]
+def url_without_userinfo(url: str) -> str:
+    """The URL with any user:password@ taken out (to show or store a URL the environment gave, e.g. Prefect's UI)."""
+    parts = urlsplit(url)
+    if parts.username is None and parts.password is None:
+        return url
+    return urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
+
+
+def no_key_as_block_name(name: str | None) -> str | None:
+    """A Secret block's name, never the key itself (pasted here by mistake)."""
+    if name is not None and name.startswith("sk-"):
+        raise ValueError("this looks like an API key, not a block's name: store the key in a Prefect Secret block "
+                         "and give its name")
+    return name
+
+
+UrlWithoutCredentials = Annotated[str | None, AfterValidator(no_credentials_in_url),
+                                  Field(json_schema_extra={"pattern": URL_SCHEMA_PATTERN})]
 
 
 class StrictModel(BaseModel):
@@ -725,8 +758,9 @@ class HTTPJudgeConfig(StrictModel):
         "OPENAI_API_KEY", pattern=ENV_VAR_NAME,
         description="NAME of the environment variable holding the API key (never the key); None for a server "
         "that needs no key")
-    secret_block: str | None = Field(
-        None, description="name of a Prefect Secret block holding the key; wins over api_key_env when set")
+    secret_block: Annotated[str | None, AfterValidator(no_key_as_block_name)] = Field(
+        None, pattern=BLOCK_NAME,
+        description="name of a Prefect Secret block holding the key (never the key); wins over api_key_env when set")
     timeout_s: float = Field(60.0, gt=0, description="seconds one request may take before it is retried")
     max_retries: int = Field(4, ge=0, description="retries on 429, 5xx, connection errors and timeouts")
     backoff_s: float = Field(1.0, ge=0, description="first retry wait; doubles each retry unless Retry-After says")
@@ -904,7 +938,7 @@ class RoundConfig(StrictModel):
 # ---------------------------------------------------------------- loading and digests
 
 
-SECRET_BEARING_KEYS = ("api_key_env",)  # config keys a user may fill with a secret by mistake
+SECRET_BEARING_KEYS = ("api_key_env", "secret_block")  # config keys a user may fill with a secret by mistake
 URL_KEYS = ("base_url", "tracking_uri")  # URLs that may carry one (refused by no_credentials_in_url)
 
 
@@ -918,7 +952,8 @@ def _format_errors(err: ValidationError, source: str) -> str:
             # a check across keys (the whole config's or a section's validator): its message names them
             lines.append(f"  {e['msg'].removeprefix('Value error, ')}")
         elif e["loc"][-1] in SECRET_BEARING_KEYS:  # a key pasted here must not reach a log or the console
-            lines.append(f"  {key}: {e['msg']} (value not shown: give the NAME of the variable that holds the key)")
+            lines.append(f"  {key}: {e['msg'].removeprefix('Value error, ')} (value not shown: give the NAME of the "
+                         "variable or Secret block that holds the key)")
         elif e["loc"][-1] in URL_KEYS:  # its message says why, without the URL
             lines.append(f"  {key}: {e['msg'].removeprefix('Value error, ')}")
         else:
@@ -989,20 +1024,22 @@ class _UniqueKeyLoader(yaml.SafeLoader):
 
 
 def apply_override(data: dict, item: str) -> None:
+    """One `--set key.sub=value`. Messages name the key, never the value: it may be a secret put in the wrong key."""
     if "=" not in item:
-        raise ConfigError(f"override {item!r} must look like key.sub=value")
+        shown = repr(item) if re.fullmatch(r"[A-Za-z0-9_.]{1,80}", item) else "(not shown: it is not a key)"
+        raise ConfigError(f"override {shown} must look like key.sub=value")
     key, raw = item.split("=", 1)
     node = data
     parts = key.strip().split(".")
     for p in parts[:-1]:
         node = node.setdefault(p, {})
         if not isinstance(node, dict):
-            raise ConfigError(f"override {item!r}: {p} is not a section")
+            raise ConfigError(f"override of {key.strip()!r}: {p} is not a section")
     try:
         node[parts[-1]] = yaml.safe_load(raw)
-    except yaml.YAMLError as err:
-        raise ConfigError(f"override {item!r}: the value is not valid YAML ({str(err).splitlines()[0]}); quote it "
-                          "if it is a string") from None
+    except yaml.YAMLError:
+        raise ConfigError(f"override of {key.strip()!r}: the value is not valid YAML (not shown); quote it if it is "
+                          "a string") from None
 
 
 def config_digest(cfg: BaseModel | dict[str, Any]) -> str:

@@ -35,6 +35,9 @@ def resolve_allowed(path: str | Path, field: str, roots: list[Path], must_exist:
 
     `field` is the config key that named the path (e.g. "annotation.exports[0]"), for the message.
     """
+    if "://" in str(path):  # not shown: a URL may carry a token
+        raise PathNotAllowedError(f"{field}: a URL (not shown), not a local path: every model and file loads from a "
+                                  "local path; download it first and give that path")
     resolved = Path(path).expanduser().resolve()
     if not any(resolved.is_relative_to(root) for root in roots):
         shown = ", ".join(str(r) for r in roots)

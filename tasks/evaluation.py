@@ -44,7 +44,12 @@ def http_api_key(cfg: HTTPJudgeConfig) -> str | None:
     if cfg.secret_block:
         from prefect.blocks.system import Secret
 
-        return Secret.load(cfg.secret_block).get()
+        try:
+            return Secret.load(cfg.secret_block).get()
+        except ValueError:  # Prefect's message repeats the name, which may be a key pasted in by mistake
+            raise RuntimeError("evaluation.http.secret_block names no Prefect Secret block of this Prefect API (its "
+                               "name is not shown): create it (prefect block create secret, or Secret(value=...)"
+                               ".save(name)), or check the name") from None
     if cfg.api_key_env is None:
         return None
     key = os.environ.get(cfg.api_key_env)

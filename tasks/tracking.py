@@ -29,6 +29,7 @@ from mlflow.entities import (DatasetInput, InputTag, LoggedModelInput, LoggedMod
 from mlflow.utils.validation import MAX_PARAM_VAL_LENGTH
 
 from rlhf_core.artifacts import atomic_write
+from rlhf_core.config import ConfigError, no_credentials_in_url
 
 log = logging.getLogger("rlhf")
 # a key that may name or hold a credential; "token" only as a word of the key (hf_token, access_token), so that
@@ -44,10 +45,14 @@ _PROCESS_TRACKING_URI = threading.Lock()  # held while MLflow's process-wide tra
 
 
 def default_tracking_uri(workdir: str | Path) -> str:
-    """An explicit URI wins (env MLFLOW_TRACKING_URI); else a SQLite store under the workdir."""
+    """An explicit URI wins (env MLFLOW_TRACKING_URI, refused with a credential in it as the config's tracking_uri
+    is: the URI is shown in run links, summaries and messages); else a SQLite store under the workdir."""
     env = os.environ.get("MLFLOW_TRACKING_URI")
     if env:
-        return env
+        try:
+            return no_credentials_in_url(env)
+        except ValueError as err:
+            raise ConfigError(f"MLFLOW_TRACKING_URI: {err}") from None
     return f"sqlite:///{(Path(workdir).resolve() / 'mlflow.db').as_posix()}"
 
 

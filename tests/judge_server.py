@@ -36,7 +36,7 @@ def oracle_reply(user_message: str, tie_margin: float = 0.25) -> str:
 
 class JudgeServer:
     """`script`: behaviours for the next requests, in order, each one of
-    ("status", code, headers) | ("sleep", seconds) | ("body", dict) | ("reply", text);
+    ("status", code, headers[, message prefix]) | ("sleep", seconds) | ("body", dict) | ("reply", text);
     when empty, the oracle answers. `always`: a reply text for every request instead of the oracle."""
 
     def __init__(self):
@@ -59,7 +59,8 @@ class JudgeServer:
                     return self._send(404, {"error": {"message": f"no route {self.path}"}})
                 if step and step[0] == "status":
                     # echo the Authorization header, as a careless proxy might: the client must scrub it
-                    message = f"scripted failure (auth was {self.headers.get('Authorization')})"
+                    prefix = step[3] if len(step) > 3 else ""  # e.g. a long one, so the cut lands inside the key
+                    message = f"{prefix}scripted failure (auth was {self.headers.get('Authorization')})"
                     return self._send(step[1], {"error": {"message": message}}, step[2])
                 if step and step[0] == "sleep":
                     time.sleep(step[1])

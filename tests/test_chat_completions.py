@@ -8,6 +8,7 @@ from judge_server import COMPLETION_TOKENS, PROMPT_TOKENS, JudgeServer
 
 from rlhf_core.chat_completions import (
     ChatCompletionsClient,
+    ChatCompletionsError,
     MalformedCompletion,
     checked_key,
     retry_after_s,
@@ -69,6 +70,26 @@ def test_a_key_cut_by_the_quoted_body_start_is_still_scrubbed():
         with pytest.raises(MalformedCompletion, match="malformed response body") as err:
             client.complete([{"role": "user", "content": "hi"}])
     assert KEY[:5] not in str(err.value) and KEY[:5] not in err.value.body and "***" in err.value.body
+
+
+def test_a_key_that_a_server_error_quotes_across_the_messages_cut_is_scrubbed_whole():
+    """The error message is cut at 500 characters: cut before the scrub, the key's first 28 characters stayed."""
+    with JudgeServer() as server, ChatCompletionsClient(server.base_url, "m", KEY) as client:
+        # the server's message echoes the key at characters 487-516 of the 500 kept
+        server.script = [("status", 400, {}, "y" * 453)]
+        with pytest.raises(ChatCompletionsError, match="HTTP 400") as err:
+            client.complete([{"role": "user", "content": "hi"}])
+    assert KEY[:5] not in str(err.value) and "***" in str(err.value)
+
+
+def test_a_key_is_sent_over_https_or_to_this_machine_only():
+    for url in ("http://judge.example.com/v1", "http://10.0.0.5:8000/v1", "http://[2001:db8::1]:8000/v1"):
+        with pytest.raises(ValueError, match="refusing to send the API key over plain http to another machine"):
+            ChatCompletionsClient(url, "m", KEY)
+    for url in ("https://api.openai.com/v1", "http://127.0.0.1:8000/v1", "http://localhost:8000/v1",
+                "http://[::1]:8000/v1"):
+        ChatCompletionsClient(url, "m", KEY).close()
+    ChatCompletionsClient("http://judge.example.com/v1", "m", None).close()  # no key: nothing to protect
 
 
 def test_the_count_hook_gets_requests_retries_and_tokens():

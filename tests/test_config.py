@@ -114,6 +114,15 @@ def test_every_flow_parameter_has_a_description_in_the_ui_form():
     ({"evaluation": {"http": {"base_url": "https://api.example/v1?key=AIza-in-query"}}}, "AIza-in-query"),
     ({"sampling": {"tagger": {"base_url": "https://api.example/v1?access_token=tok-in-query"}}}, "tok-in-query"),
     ({"evaluation": {"http": {"api_key_env": "gsk_pastedKey0a1b2c"}}}, "gsk_pastedKey0a1b2c"),  # a Groq-shaped key
+    # a token as the user of an http(s) URL (httpx sends it as Basic auth), a path or ;-parameter, a fragment
+    ({"tracking_uri": "https://tok-as-user-0a1b@mlflow.example"}, "tok-as-user-0a1b"),
+    ({"evaluation": {"http": {"base_url": "https://api.example/v1;key=semi-0a1b"}}}, "semi-0a1b"),
+    ({"evaluation": {"http": {"base_url": "https://api.example/v1?x=1;token=semi-q-0a1b"}}}, "semi-q-0a1b"),
+    ({"evaluation": {"http": {"base_url": "https://fn.example/api?code=azure-fn-0a1b"}}}, "azure-fn-0a1b"),
+    ({"evaluation": {"http": {"base_url": "https://api.example/v1#access_token=frag-0a1b"}}}, "frag-0a1b"),
+    # a key pasted where a Secret block's name goes: lower case (sk-...) or mixed case
+    ({"evaluation": {"http": {"secret_block": "sk-proj-lower0a1b"}}}, "sk-proj-lower0a1b"),
+    ({"evaluation": {"http": {"secret_block": "sk-Proj-Mixed0A1B"}}}, "sk-Proj-Mixed0A1B"),
 ])
 def test_a_credential_in_a_url_or_a_key_in_api_key_env_is_refused_without_showing_it(config, secret):
     """Config values reach MLflow params, manifests and error messages: a secret must stop at the boundary."""
@@ -127,6 +136,68 @@ def test_urls_and_variable_names_without_credentials_pass():
                         "evaluation": {"http": {"base_url": "http://127.0.0.1:8000/v1?api-version=2024-06-01",
                                                 "api_key_env": "AZURE_OPENAI_API_KEY"}}})
     assert cfg.tracking_uri == "http://127.0.0.1:5000" and cfg.evaluation.http.api_key_env == "AZURE_OPENAI_API_KEY"
+    # a database user without its password (PGPASSWORD gives that) and a block's name pass
+    assert parse_config({"tracking_uri": "postgresql://mlflow@db:5432/mlflow",
+                         "evaluation": {"http": {"secret_block": "judge-key-2"}}}).evaluation.http.secret_block
+
+
+def test_the_deployments_schema_refuses_urls_with_credentials_before_prefect_stores_a_run():
+    """Prefect's server checks a run's parameters against the deployment's JSON schema before it stores them; the
+    flow's own validators run only later, in the worker. The schema's patterns refuse what they refuse."""
+    import jsonschema
+
+    from rlhf_core.config import RoundConfig
+
+    schema = RoundConfig.model_json_schema()
+    judge = schema["$defs"]["HTTPJudgeConfig"]["properties"]
+    for prop in (schema["properties"]["tracking_uri"], judge["base_url"]):
+        for url in ("postgresql://u:pw@db/x", "https://tok@api.example/v1", "https://api.example/v1#tok"):
+            with pytest.raises(jsonschema.ValidationError):
+                jsonschema.validate(url, prop)
+        for url in ("https://api.openai.com/v1", "http://127.0.0.1:8000/v1", "sqlite:////srv/mlflow.db",
+                    "postgresql://mlflow@db/mlflow", None):
+            jsonschema.validate(url, prop)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate("sk-Proj-Mixed0A1B", judge["secret_block"])
+
+
+def test_a_url_from_the_environment_is_shown_without_its_user_and_password():
+    from rlhf_core.config import url_without_userinfo
+
+    assert url_without_userinfo("http://ops:pw-0a1b@prefect.example:4200/runs/1") == "http://prefect.example:4200/runs/1"
+    assert url_without_userinfo("https://tok@h/x?y=1") == "https://h/x?y=1"
+    assert url_without_userinfo("http://127.0.0.1:4200/runs") == "http://127.0.0.1:4200/runs"
+
+
+def test_mlflow_tracking_uri_from_the_environment_with_a_password_is_refused_unshown(monkeypatch, tmp_path):
+    """The round shows its tracking URI in run links, summaries and messages: the environment's must hold no
+    password either (MLflow reads MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD, a database PGPASSWORD)."""
+    from tasks.tracking import default_tracking_uri
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "postgresql://rlhf:hunter2-env@db:5432/mlflow")
+    with pytest.raises(ConfigError, match="MLFLOW_TRACKING_URI: the URL holds a password") as err:
+        default_tracking_uri(tmp_path)
+    assert "hunter2-env" not in str(err.value)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:5000")
+    assert default_tracking_uri(tmp_path) == "http://127.0.0.1:5000"
+
+
+def test_prefect_logs_a_refused_parameter_without_its_value(caplog):
+    """Prefect's own parameter validation logged pydantic's errors with each refused value, and every parameter, on
+    the worker's console; the flows package hides them there (the state message names the keys without values)."""
+    import logging
+
+    from prefect.exceptions import ParameterTypeError
+
+    from flows.round import rlhf_round
+
+    secrets = ("sk-proj-pasted0A1B2C", "hunter2-form")
+    config = {"evaluation": {"http": {"api_key_env": secrets[0]}}, "tracking_uri": f"postgresql://u:{secrets[1]}@db/m"}
+    with caplog.at_level(logging.ERROR, logger="prefect.flows"), pytest.raises(ParameterTypeError) as err:
+        rlhf_round.validate_parameters({"config": config})
+    logged = [r.getMessage() for r in caplog.records if r.name == "prefect.flows"]
+    assert logged and all(s not in line for s in secrets for line in logged)
+    assert "config.evaluation.http.api_key_env" in str(err.value) and all(s not in str(err.value) for s in secrets)
 
 
 def test_mlflow_params_drop_credential_keys_and_keep_token_counts():
@@ -166,7 +237,7 @@ def test_judged_prompts_are_bounded_by_the_worlds_held_out_prompts_only_when_the
     (["policy_model.num_hidden_layers=0"], "policy_model.num_hidden_layers: Input should be greater than or equal"),
     (["voting.scheme=out_of_fold", "voting.n_models=2", "voting.folds=3"], "needs n_models (2) >= folds (3)"),
     (["voting.scheme=out_of_fold", "voting.mode=fast"], "use mode faithful"),
-    (["ppo.iterations=["], "override 'ppo.iterations=[': the value is not valid YAML"),
+    (["ppo.iterations=["], "override of 'ppo.iterations': the value is not valid YAML"),
     (["ppo.max_new_tokens=500"], "ppo.max_new_tokens (500) leaves no room for a prompt in the policy's context "
                                  "(policy_model.max_position_embeddings 128)"),  # PPO ran past it without a word
 ])
@@ -174,6 +245,15 @@ def test_settings_that_failed_only_stages_later_are_refused_when_the_config_is_r
     with pytest.raises(ConfigError) as err:
         load_config(None, overrides=overrides)
     assert message in str(err.value)
+
+
+def test_a_malformed_override_names_its_key_never_its_value():
+    """`--set` items are typed on command lines: a key put in the wrong place must not come back in the error."""
+    for item, shown in (("sk-proj-NoEquals0A1B", "(not shown"), ("evaluation.http.api_key_env", "'evaluation.http"),
+                        ("evaluation.x=[sk-proj-Bad0A1B", "'evaluation.x'"), ("seed.x=sk-proj-Sec0A1B", "'seed.x'")):
+        with pytest.raises(ConfigError) as err:
+            load_config(None, overrides=["seed=0", item])
+        assert shown in str(err.value) and "0A1B" not in str(err.value), str(err.value)
 
 
 def test_a_key_given_twice_in_a_file_is_refused_not_silently_replaced(tmp_path):

@@ -72,7 +72,10 @@ def test_compose_runs_postgres_prefect_mlflow_and_a_worker_that_logs_to_mlflow()
     # both servers on PostgreSQL, each its own database; the password comes from the environment only
     assert services["prefect-server"]["environment"]["PREFECT_API_DATABASE_CONNECTION_URL"].startswith(
         "postgresql+asyncpg://rlhf:${POSTGRES_PASSWORD}@postgres:5432/prefect")
-    assert mlflow_args["--backend-store-uri"].startswith("postgresql+psycopg://rlhf:${POSTGRES_PASSWORD}@postgres")
+    # MLflow's store URI (with the password) in its environment: on the command line `ps` shows it to anyone
+    assert services["mlflow"]["environment"]["MLFLOW_BACKEND_STORE_URI"].startswith(
+        "postgresql+psycopg://rlhf:${POSTGRES_PASSWORD}@postgres")
+    assert not any("POSTGRES_PASSWORD" in arg for arg in services["mlflow"]["command"])
     assert services["postgres"]["environment"]["POSTGRES_PASSWORD"].startswith("${POSTGRES_PASSWORD:?")
     assert "CREATE DATABASE prefect;" in compose["configs"]["create-prefect-database"]["content"]
 

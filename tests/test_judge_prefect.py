@@ -25,6 +25,16 @@ def test_the_key_comes_from_a_prefect_secret_block(prefect_api, monkeypatch):
     assert http_api_key(cfg.model_copy(update={"secret_block": None})) == "sk-from-the-environment"
 
 
+def test_a_secret_block_that_is_not_there_is_named_without_its_name(prefect_api):
+    """Prefect's error repeats the name, which may be a key pasted in by mistake (lower case passes the pattern)."""
+    import pytest
+
+    cfg = HTTPJudgeConfig(base_url="http://x", secret_block="no-such-block-0a1b")
+    with pytest.raises(RuntimeError, match="names no Prefect Secret block") as err:
+        http_api_key(cfg)
+    assert "no-such-block-0a1b" not in str(err.value)
+
+
 def test_the_headline_is_a_markdown_artifact_of_the_flow_run(prefect_api):
     from prefect.artifacts import Artifact
 

@@ -42,6 +42,13 @@ def test_env_roots_allow_and_missing_files_are_named(layout, monkeypatch):
         resolve_allowed("data/nope.json", "k", allowed_roots())
 
 
+def test_a_url_given_as_a_path_is_refused_without_showing_it(layout):
+    with pytest.raises(PathNotAllowedError, match=r"policy_model.pretrained: a URL \(not shown\), not a local path") \
+            as err:
+        resolve_allowed("https://hub.example/org/model?token=hf_Tok0A1B", "policy_model.pretrained", allowed_roots())
+    assert "0A1B" not in str(err.value)
+
+
 def test_every_path_field_of_a_round_config_is_checked(layout):
     cfg = parse_config({
         "workdir": str(layout / "project" / "runs"),
