@@ -56,7 +56,7 @@ case "${1:-}" in
     launch worker env MLFLOW_TRACKING_URI="$MLFLOW_URI" RLHF_REPO_DIR="$PWD" "$BIN/prefect" worker start --pool rlhf
     echo "export PREFECT_API_URL=$PREFECT_API_URL"
     echo "export MLFLOW_TRACKING_URI=$MLFLOW_URI"
-    echo "deploy with: RLHF_REPO_DIR=$PWD $BIN/prefect --no-prompt deploy --all"
+    echo "deploy with: $BIN/prefect --no-prompt deploy --all"
     echo "UIs: Prefect http://127.0.0.1:$PREFECT_PORT, MLflow $MLFLOW_URI/#/experiments?workflowType=machine_learning"
     ;;
   status)

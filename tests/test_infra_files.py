@@ -9,6 +9,7 @@ import json
 import re
 from pathlib import Path
 
+import pytest
 import yaml
 from prefect.utilities.templating import apply_values, find_placeholders
 
@@ -125,9 +126,35 @@ def test_the_docs_show_how_to_use_each_template():
 
 
 def test_every_deployment_config_in_prefect_yaml_is_valid_and_the_weekly_schedule_starts_from_the_champion():
-    from rlhf_core.config import RoundConfig
+    from rlhf_core.config import RoundConfig, load_config
 
     deployments = {d["name"]: d for d in yaml.safe_load((ROOT / "prefect.yaml").read_text())["deployments"]}
     configs = {name: RoundConfig.model_validate(d["parameters"]["config"])
                for name, d in deployments.items() if "config" in d.get("parameters", {})}
+    configs |= {name: load_config(ROOT / d["parameters"]["config_path"])
+                for name, d in deployments.items() if "config_path" in d.get("parameters", {})}
+    # weekly's config is a file: a run given a partial `config` replaced the deployment's whole and lost the champion
+    assert "config" not in deployments["weekly"]["parameters"]
     assert configs["weekly"].iteration.start_from == "champion" and "schedules" in deployments["weekly"]
+
+
+def test_the_k8s_pool_refuses_a_misspelt_job_variable_and_runs_pods_that_can_write_the_shared_volume(prefect_api):
+    """`job_variables: {gpu: 8}` (for gpus) was accepted silently and the Job asked for 1 GPU."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.actions import WorkPoolCreate
+    from prefect.exceptions import PrefectHTTPStatusError
+
+    from flows.chaining import watch_exports
+
+    template = _job_template()
+    pod = template["job_configuration"]["job_manifest"]["spec"]["template"]["spec"]
+    assert pod["securityContext"] == {"runAsUser": 1000, "fsGroup": 1000}  # the image's user; a fresh volume is root's
+    with get_client(sync_client=True) as client:
+        client.create_work_pool(WorkPoolCreate(name="rlhf-gpu-test", type="kubernetes", base_job_template=template),
+                                overwrite=True)
+        flow_id = client.create_flow_from_name(watch_exports.name)
+        good = client.create_deployment(flow_id, "k8s-good", work_pool_name="rlhf-gpu-test",
+                                        job_variables={"image": "registry.example/rlhf-pipeline:v1", "gpus": 8})
+        assert client.read_deployment(good).job_variables["gpus"] == 8
+        with pytest.raises(PrefectHTTPStatusError, match="422"):
+            client.create_deployment(flow_id, "k8s-typo", work_pool_name="rlhf-gpu-test", job_variables={"gpu": 8})

@@ -67,8 +67,8 @@ def _flow_runs_of(deployment, wait_for: int, timeout: float = 60.0):
 
 
 def test_deploy_makes_each_trigger_an_automation_on_its_event(deployed):
-    assert not _automation_of(deployed["next-round"]).enabled  # chaining is switched on by hand
-    assert _automation_of(deployed["on-new-export"]).enabled
+    # switched on by hand: chaining, and rounds on exports once the deployment names the round's config
+    assert not _automation_of(deployed["next-round"]).enabled and not _automation_of(deployed["on-new-export"]).enabled
     next_round = _automation_of(deployed["next-round"]).trigger
     assert next_round.expect == {ROUND_COMPLETED}
     assert next_round.match.model_dump()["rlhf.next"] == "yes"
@@ -110,10 +110,47 @@ def test_a_new_annotation_export_starts_a_round_that_imports_it(deployed, tmp_pa
     export.write_text('{"prompt": "1+1", "chosen": "2", "rejected": "3"}\n')
     (tmp_path / "notes.txt").write_text("not an export")
     (tmp_path / ".batch-2.jsonl").write_text("")  # hidden: a file a tool is still writing
+    from prefect.client.orchestration import get_client
+
+    with get_client(sync_client=True) as client:  # as a user switches it on in the UI
+        client.resume_automation(_automation_of(deployed["on-new-export"]).id)
     assert watch_exports(folder=str(tmp_path), min_age_seconds=0) == [str(export.resolve())]
     assert watch_exports(folder=str(tmp_path), min_age_seconds=0) == []  # announced once
     runs = _flow_runs_of(deployed["on-new-export"], wait_for=1)
     assert [run.parameters["annotation_exports"] for run in runs] == [[str(export.resolve())]]
+
+
+def test_the_deployed_pull_step_reads_the_repository_where_the_run_starts_not_where_it_was_deployed(
+        deployed, tmp_path, monkeypatch):
+    """Prefect's set_working_directory with "{{ $RLHF_REPO_DIR }}" baked the deploying checkout's path into every
+    run (a pod whose image holds the repository elsewhere failed before its flow loaded); unset, the run failed on
+    a flow file it could not find. The stored step reads the variable when the run starts, and says what to do."""
+    import asyncio
+
+    from prefect.deployments.steps.core import StepExecutionError, run_steps
+
+    pull = deployed["next-round"].pull_steps
+    assert pull == [{"flows.pull.enter_repo_dir": {}}]  # nothing of the deploying machine in it
+    elsewhere = tmp_path / "opt" / "rlhf"  # as the image's /opt/rlhf
+    (elsewhere / "flows").mkdir(parents=True)
+    (elsewhere / "flows" / "round.py").write_text("")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("RLHF_REPO_DIR", str(elsewhere))
+    assert asyncio.run(run_steps(pull, print_function=lambda *_: None)) == {"directory": str(elsewhere)}
+    assert Path.cwd() == elsewhere
+    for value, says in (("", "RLHF_REPO_DIR is not set where this flow run starts"),
+                        (str(tmp_path), "holds no checkout of this repository")):
+        monkeypatch.setenv("RLHF_REPO_DIR", value)
+        with pytest.raises(StepExecutionError) as err:
+            asyncio.run(run_steps(pull, print_function=lambda *_: None))
+        assert says in str(err.value.__cause__)
+
+
+def test_triggered_rounds_queue_behind_each_other_instead_of_failing_on_the_busy_workdir(deployed):
+    for name in ("next-round", "on-new-export"):
+        options = deployed[name]
+        assert options.global_concurrency_limit.limit == 1, name
+        assert options.concurrency_options.collision_strategy == "ENQUEUE", name
 
 
 def test_export_names_the_watcher_announces_are_the_ones_the_importers_read():
