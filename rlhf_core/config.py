@@ -637,7 +637,7 @@ class PPOConfig(StrictModel):
     )
     value_clip: float = Field(0.2, gt=0, description="value clip range (Qwen: 0.15)")
     kl_target: float | None = Field(
-        None, gt=0, description="adaptive KL (InstructGPT's controller): steer the mean per-sequence KL to this "
+        None, gt=0, description="adaptive KL (Ziegler et al. 2019's controller): steer the mean per-sequence KL to this "
         "target, starting from kl_coef; None = a fixed kl_coef (PPO-max)",
     )
     kl_horizon: int = Field(10000, ge=1, description="adaptive KL: the controller's horizon, in sequences")

@@ -256,6 +256,9 @@ def test_strength_stats_and_buckets_on_hand_numbers():
                                                                               "normal"]
     assert bucket(np.array([-0.3, -0.1, 0.1, 0.3]), band=0.1, scale=2.0, symmetric=True) == [
         "incorrect", "ambiguous", "ambiguous", "normal"]
+    # a band of 0: mean exactly 0 (two equal texts) is not flipped under either rule, as Part II's mean < 0
+    assert bucket(np.array([-1e-9, 0.0, 1e-9]), band=0.0, symmetric=True) == ["incorrect", "normal", "normal"]
+    assert bucket(np.array([-1e-9, 0.0, 1e-9]), band=0.0) == ["incorrect", "normal", "normal"]
     assert strength_scale(np.array([1.0, -1.0, 3.0, -3.0])) == pytest.approx(np.sqrt(5.0))
     assert strength_scale(np.array([2.0, 2.0])) == 1.0  # no spread: unit scale
     # NaN entries (out_of_fold: the voter trained on the pair) are left out

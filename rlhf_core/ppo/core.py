@@ -117,7 +117,8 @@ def scale_and_clip(scores: torch.Tensor, moments: RunningMoments, clip: float, e
 
 
 class AdaptiveKLController:
-    """InstructGPT's KL coefficient controller (Ziegler et al. 2019): steer the KL towards a target.
+    """The adaptive KL coefficient of Ziegler et al. 2019 (InstructGPT itself kept a fixed one): steer the KL
+    towards a target.
 
         error = clip(KL / target - 1, -0.2, 0.2)
         coef  = coef * (1 + error * n_steps / horizon)
@@ -201,7 +202,8 @@ def policy_loss(
     """Clipped surrogate: mean_t max(-A * ratio, -A * clip(ratio, 1 - c, 1 + c)), ratio = pi / pi_old.
 
     All inputs (B, T); the mean is over valid tokens. Metrics: approx_kl (k3 estimate of
-    KL(pi_old || pi), CleanRL's) and clipfrac (fraction of tokens where the clip is active).
+    KL(pi_old || pi), CleanRL's) and clipfrac (CleanRL's: the fraction of tokens whose ratio lies outside
+    [1 - c, 1 + c]; the clip takes their gradient away only on the side their advantage pushes towards).
     """
     logratio = (logp - old_logp).where(mask.bool(), 0)  # (B, T); 0 at padding, so exp cannot overflow there
     ratio = logratio.exp()

@@ -8,7 +8,7 @@ P(chosen > rejected) (column soft_label, 1 when absent) and the vote's bucket:
     baseline           as labelled                             0
     flip               label reversed (P(orig. order) = 1 - p)  0
     margin             as labelled                             margin_scale * z
-    flip_margin        label reversed                          margin_scale * |z| (the strength after the flip)
+    flip_margin        label reversed                          margin_scale * z', z' = z after the flip (-z if flipped)
     soft_label_margin  p -> p * sigmoid(z) + (1-p) * (1-sigmoid(z))  margin_scale * z
 
 A reversed label is stored with chosen/rejected swapped and the soft label unchanged (p in the
@@ -75,7 +75,7 @@ def denoise(
     # chosen/rejected swapped, that target reads p again, so the column keeps the annotators' value.
     flipped = incorrect if cfg.method in FLIPPING else np.zeros(n, dtype=bool)
     soft_labelled = incorrect if cfg.method == "soft_label_margin" else np.zeros(n, dtype=bool)
-    q = _sigmoid(z)  # the ensemble's P(chosen > rejected)
+    q = _sigmoid(z)  # the ensemble's preference for chosen, read in units of the strength scale (not sigmoid(mean))
     p = np.where(soft_labelled, p * q + (1.0 - p) * (1.0 - q), p)
     smoothed = ambiguous if cfg.method != "baseline" and cfg.ambiguous_smoothing > 0 else np.zeros(n, dtype=bool)
     eps = cfg.ambiguous_smoothing

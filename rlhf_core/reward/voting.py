@@ -79,7 +79,8 @@ def bucket(mean: np.ndarray, band: float, scale: float = 1.0, symmetric: bool = 
     """Bucket of each pair from its mean strength (N,); `band` is in units of `scale` (see module doc)."""
     z = np.asarray(mean, dtype=np.float64) / scale
     if symmetric:
-        return ["incorrect" if v <= -band else "ambiguous" if v < band else "normal" for v in z]
+        # v < 0 as well: with band 0 a pair of mean exactly 0 (two equal texts) is not flipped, as Part II's mean < 0
+        return ["incorrect" if v <= -band and v < 0 else "ambiguous" if v < band else "normal" for v in z]
     return ["incorrect" if v < 0 else "ambiguous" if v < band else "normal" for v in z]
 
 
