@@ -101,7 +101,8 @@ def watch_exports(folder: str = "annotation-exports", min_age_seconds: float = 3
 
     Args:
         folder: the folder annotation tools export into (relative to the worker's directory); files ending in
-            .jsonl, .json, .csv or .parquet are exports (hidden files are not). Which were announced is kept in its
+            .jsonl, .ndjson, .json, .csv or .parquet, in any letter case, .gz-compressed too, are exports (hidden
+            files are not). Which were announced is kept in its
             .rlhf-exports-seen.json (name and sha256: a changed file is announced again).
         min_age_seconds: a file modified more recently than this waits for the next look, so a file still
             being written is not announced half-written.

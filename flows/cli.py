@@ -48,15 +48,19 @@ def _user_error_types() -> tuple[type[Exception], ...]:
     Imported only once one is raised: `rlhf validate` should not pay for MLflow's and Prefect's imports."""
     from flows.local_api import LocalAPIError
     from rlhf_core.annotation.label_studio import ImportFormatError
+    from rlhf_core.chat_completions import ChatServerUnavailableError
+    from rlhf_core.judge.http import JudgeError
+    from rlhf_core.sampling.taggers import TaggerError
     from rlhf_core.config import ConfigError
     from rlhf_core.generation.plan import GenerationInputError
     from rlhf_core.paths import PathNotAllowedError
     from tasks.annotation import ExportChangedError
-    from tasks.common import WorkdirBusyError
+    from tasks.common import DamagedArtifactError, WorkdirBusyError
     from tasks.tracking import TrackingUnavailableError
 
     return (ConfigError, PathNotAllowedError, ImportFormatError, ExportChangedError, GenerationInputError,
-            WorkdirBusyError, TrackingUnavailableError, LocalAPIError)
+            WorkdirBusyError, TrackingUnavailableError, LocalAPIError, DamagedArtifactError, ChatServerUnavailableError,
+            JudgeError, TaggerError)
 
 
 @contextmanager
@@ -155,8 +159,11 @@ def rounds(
     set_: list[str] = typer.Option([], "--set"),
 ):
     """Iterated RLHF: each round annotates the previous round's policy and improves it."""
+    from rlhf_core.config import check_iterated_exports
+
     cfg = _load(config, set_)
     with user_errors():
+        check_iterated_exports(cfg, n)  # before Prefect's local API starts
         summaries = prepare_round(cfg).rlhf_rounds(config=cfg, n_rounds=n)
     for summary in summaries:
         print_summary(summary)
@@ -234,8 +241,9 @@ def verify(
                     for path, _, _ in scratch:
                         shutil.rmtree(path, ignore_errors=True)
                     console.print(f"removed {len(scratch)} scratch directories")
-        except WorkdirBusyError as err:
-            console.print(f"[red]{err}: nothing removed[/red]", soft_wrap=True)
+        except WorkdirBusyError:
+            console.print(f"[red]a round is running in {workdir}: nothing removed; run this again when it has "
+                          "finished[/red]", soft_wrap=True)
             raise typer.Exit(2) from None
     elif damaged or dangling:
         console.print(f"run `rlhf verify {shlex.quote(str(workdir))} --remove` to delete them: the next round makes "
@@ -261,14 +269,15 @@ def version():
 
 
 def print_summary(summary: dict) -> None:
-    console.rule(f"RLHF round {summary['round']!r} #{summary.get('round_no', 1)} finished")
+    what = f"run up to stage {stage}" if (stage := summary.get("stopped_after")) else "finished"
+    console.rule(f"RLHF round {summary['round']!r} #{summary.get('round_no', 1)} {what}")
     table = Table("stage", "artifact", "path", title="What each stage produced")
     for stage, art in summary["artifacts"].items():
-        table.add_row(stage, f"{art['kind']}:{art['digest'][:12]}", art["path"])
+        table.add_row(stage, f"{art['kind']}:{art['digest'][:12]}", art["path"], overflow="fold")
     console.print(table)
     numbers = Table("headline", "value", title="Headline numbers")
     for name, value in summary["headline"].items():
-        numbers.add_row(name, "-" if value is None else f"{value:.3f}" if isinstance(value, float) else str(value))
+        numbers.add_row(name, _shown(name, value))
     console.print(numbers)
     if promotion := summary.get("promotion"):
         console.print(f"Promotion: {promotion['reason']}", soft_wrap=True)
@@ -278,11 +287,26 @@ def print_summary(summary: dict) -> None:
     uri = mlflow["tracking_uri"]
     console.print(f"MLflow run: [bold]{mlflow['run_id']}[/bold] in experiment {mlflow['experiment']!r} at {uri}")
     bin_dir = Path(sys.executable).parent
-    console.print(f"Open the MLflow UI:  {shlex.quote(str(bin_dir / 'mlflow'))} ui --backend-store-uri "
-                  f"{shlex.quote(uri)} --host 127.0.0.1 --port 5000   (then http://127.0.0.1:5000/#/experiments"
-                  f"?workflowType=machine_learning: the model-training view)")
-    console.print(f"Open the Prefect UI: {shlex.quote(str(bin_dir / 'prefect'))} server start --host 127.0.0.1 "
-                  f"--port 4200   (flow run {summary.get('prefect_flow_run_id')})")
+    if mlflow.get("run_url"):  # a tracking server: its own UI shows the run
+        console.print(f"Open the MLflow UI:  {mlflow['run_url']}", soft_wrap=True)
+    else:
+        console.print(f"Open the MLflow UI:  {shlex.quote(str(bin_dir / 'mlflow'))} ui --backend-store-uri "
+                      f"{shlex.quote(uri)} --host 127.0.0.1 --port 5000   (then http://127.0.0.1:5000/#/experiments"
+                      f"?workflowType=machine_learning: the model-training view)")
+    if summary.get("prefect_flow_run_url"):  # a Prefect server that outlives the command
+        console.print(f"Open the Prefect UI: {summary['prefect_flow_run_url']}", soft_wrap=True)
+    else:
+        console.print(f"Open the Prefect UI: {shlex.quote(str(bin_dir / 'prefect'))} server start --host 127.0.0.1 "
+                      f"--port 4200   (flow run {summary.get('prefect_flow_run_id')})")
+
+
+def _shown(name: str, value) -> str:
+    """A headline number: a count ("pairs ...") without decimals, others to 3 decimals, never "-0.000"."""
+    if value is None:
+        return "-"
+    if name.startswith("pairs") and float(value).is_integer():
+        return str(int(value))
+    return f"{value:.3f}".replace("-0.000", "0.000") if isinstance(value, float) else str(value)
 
 
 def main() -> None:  # console_scripts entry point

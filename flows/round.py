@@ -22,9 +22,10 @@ from flows.cli import load_round_config
 from flows.local_api import runs_on_local_api
 from flows.stages import HEAVY_STAGES
 from rlhf_core.artifacts import ArtifactRef, ArtifactStore
-from rlhf_core.config import (RESOLVED, ConfigError, RoundConfig, config_digest, deep_merge, parse_config,
-                               url_without_userinfo)
+from rlhf_core.config import (RESOLVED, ConfigError, RoundConfig, check_iterated_exports, config_digest, deep_merge,
+                               parse_config, url_without_userinfo)
 from rlhf_core.annotation.importer import check_exports
+from rlhf_core.chat_completions import check_chat_server
 from rlhf_core.paths import allowed_roots, check_config_paths, resolve_allowed
 from tasks.annotation import collect_annotations, import_annotations
 from tasks.common import RunContext, code_tags, lock_workdir, publish_markdown
@@ -99,7 +100,12 @@ def run_tags(config: RoundConfig) -> dict[str, str]:
     UI link only where the Prefect API outlives the command: a command-line round's local API does not)."""
     return {"rlhf.round": config.name, "rlhf.config_digest": config_digest(config), **code_tags(),
             "prefect.flow_run_id": str(flow_run.id or ""), "prefect.flow_run_name": str(flow_run.name or ""),
-            "prefect.flow_run_url": "" if runs_on_local_api() else url_without_userinfo(str(flow_run.ui_url or ""))}
+            "prefect.flow_run_url": run_tags_url()}
+
+
+def run_tags_url() -> str:
+    """The flow run's page in the Prefect UI: "" where the API ends with the command (the CLI's local one)."""
+    return "" if runs_on_local_api() else url_without_userinfo(str(flow_run.ui_url or ""))
 
 
 def close_what_killed_rounds_left(workdir: Path, tracker: Tracker, killed_flow_runs: set[str] = frozenset()
@@ -189,7 +195,16 @@ def checked_round_config(config: RoundConfig, config_path: str | None,
     check_config_paths(config)  # every file the config names, before anything is created
     check_exports(config.annotation)  # and every annotation export readable as one
     check_tracking_server(config.tracking_uri or default_tracking_uri(Path(config.workdir).resolve()))
+    check_chat_servers(config)
     return config
+
+
+def check_chat_servers(config: RoundConfig) -> None:
+    """The LLM judge's and the LLM tagger's servers answer, before any work (else found at their stage)."""
+    if config.evaluation.judge == "http":
+        check_chat_server(config.evaluation.http.base_url, "evaluation.http.base_url")
+    if config.sampling.tagger.source == "llm":
+        check_chat_server(config.sampling.tagger.base_url, "sampling.tagger.base_url")
 
 
 StageName = Literal["world", "sft", "sample", "generate", "annotators", "import_annotations", "vote", "denoise",
@@ -232,7 +247,7 @@ def rlhf_round(config: RoundConfig = RoundConfig(), stop_after: StageName | None
     # one round at a time per workdir (its store, scratch and mlflow.db)
     with lock_workdir(config.workdir, note=flow_runs_note()) as left_by_killed:
         summary = _run_stages(config, stop_after, round_no, start_policy, earlier_pairs, series_run_id,
-                              previous_round_run_id, left_by_killed)
+                              previous_round_run_id, left_by_killed) | {"stopped_after": stop_after}
     if stop_after is None:
         emit_event(**round_completed(config, summary, subflow=flow_run.parent_flow_run_id is not None))
     return summary
@@ -244,6 +259,8 @@ def _run_stages(config: RoundConfig, stop_after: StageName | None, round_no: int
     ctx = open_round(config, round_no, series_run_id=series_run_id, left_by_killed=left_by_killed)
     if previous_round_run_id:
         ctx.tracker.set_tags(ctx.parent_run_id, {"rlhf.previous_round.run_id": previous_round_run_id})
+    if stop_after:  # a round run up to one stage (rlhf stage): not a whole round, though named as one
+        ctx.tracker.set_tags(ctx.parent_run_id, {"rlhf.stop_after": stop_after})
     seed, simulated = config.seed + round_no - 1, not config.annotation.exports
     out: dict[str, ArtifactRef] = {}
 
@@ -331,8 +348,10 @@ def summarize_round(ctx: RunContext, outputs: dict[str, ArtifactRef], decisions:
     summary = {
         "round": ctx.round_name,
         "round_no": ctx.round_no,
-        "mlflow": {"tracking_uri": ctx.tracking_uri, "experiment": ctx.experiment, "run_id": ctx.parent_run_id},
+        "mlflow": {"tracking_uri": ctx.tracking_uri, "experiment": ctx.experiment, "run_id": ctx.parent_run_id,
+                   "run_url": ctx.tracker.run_url(ctx.parent_run_id)},
         "prefect_flow_run_id": ctx.flow_run_id,
+        "prefect_flow_run_url": run_tags_url(),
         "artifacts": {name: {"kind": r.kind, "digest": r.digest, "path": r.path} for name, r in outputs.items()},
         "headline": headline,
         **decisions,
@@ -397,16 +416,6 @@ def _run_series(config: RoundConfig, n_rounds: int, left_by_killed: str = "") ->
                               "rlhf.series.stop_reason": summaries[-1]["stop"] or ""})
     tracker.end_run(series)
     return summaries
-
-
-def check_iterated_exports(config: RoundConfig, n_rounds: int) -> None:
-    """Refuse iterated rounds over real annotation exports: every round would import the same files again, and
-    the accumulated pairs would count each judgement once per round. Round k + 1 needs annotations of round k's
-    responses, which only the annotators can give."""
-    if n_rounds > 1 and config.annotation.exports:
-        raise ValueError(f"rlhf-rounds with annotation.exports would import the same {len(config.annotation.exports)} "
-                         "export file(s) in every round: with real annotators run one round per export "
-                         "(rlhf-round/on-new-export starts one when a new file arrives), or n_rounds 1")
 
 
 SERIES_WORKDIR_TAG = "rlhf.series_workdir"  # not rlhf.workdir: each round closes that tag's RUNNING runs as killed

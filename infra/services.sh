@@ -9,6 +9,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=$PWD/.venv/bin
 DIR=${RLHF_SERVICES_DIR:-$PWD/services}
+# `status` and `stop` report the ports `start` used (kept in $DIR/ports), not this shell's defaults
+if [[ "${1:-}" != start && -f "$DIR/ports" ]]; then source "$DIR/ports"; fi
 PREFECT_PORT=${PREFECT_PORT:-4200}
 MLFLOW_PORT=${MLFLOW_PORT:-5000}
 MLFLOW_URI=http://127.0.0.1:$MLFLOW_PORT
@@ -28,6 +30,8 @@ launch() {  # name command...: in its own session (process group), so stop reach
 
 alive() { [[ -f "$DIR/$1.pid" ]] && kill -0 "$(cat "$DIR/$1.pid")" 2>/dev/null; }
 
+in_use() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }  # port: something accepts connections there
+
 halt() {  # name: SIGTERM to its process group, SIGKILL after 15 s
   local name=$1 pid
   [[ -f "$DIR/$name.pid" ]] || return 0
@@ -44,6 +48,12 @@ case "${1:-}" in
     for name in prefect mlflow worker; do
       alive "$name" && { echo "services: $name already runs (pid $(cat "$DIR/$name.pid")); stop first" >&2; exit 1; }
     done
+    # a server already on a port would answer the health checks below for ours, which would have died at once
+    for port in "$PREFECT_PORT" "$MLFLOW_PORT"; do
+      in_use "$port" && { echo "services: port $port is in use (another Prefect or MLflow server?): stop it, or" \
+        "choose free ports with PREFECT_PORT / MLFLOW_PORT" >&2; exit 1; }
+    done
+    printf 'PREFECT_PORT=%s\nMLFLOW_PORT=%s\n' "$PREFECT_PORT" "$MLFLOW_PORT" >"$DIR/ports"
     launch prefect "$BIN/prefect" server start --host 127.0.0.1 --port "$PREFECT_PORT"
     # the store's URI through the environment (mlflow server reads MLFLOW_BACKEND_STORE_URI), not the command line,
     # where `ps` would show a password in it to every user of the machine
@@ -52,6 +62,9 @@ case "${1:-}" in
     wait_for "$PREFECT_API_URL/health" 60
     "$BIN/prefect" work-pool inspect rlhf >/dev/null 2>&1 || "$BIN/prefect" work-pool create rlhf --type process >/dev/null
     wait_for "$MLFLOW_URI/health" 90
+    for name in prefect mlflow; do  # answered, and by ours
+      alive "$name" || { echo "services: $name exited (see $DIR/$name.log)" >&2; exit 1; }
+    done
     # the worker's flow runs log to the MLflow server, not to a SQLite file in their workdir
     launch worker env MLFLOW_TRACKING_URI="$MLFLOW_URI" RLHF_REPO_DIR="$PWD" "$BIN/prefect" worker start --pool rlhf
     echo "export PREFECT_API_URL=$PREFECT_API_URL"

@@ -16,6 +16,7 @@ its own prompting, parsing and caching.
 from __future__ import annotations
 
 import ipaddress
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -23,10 +24,26 @@ from dataclasses import dataclass
 import httpx
 
 MAX_RETRY_AFTER_S = 30.0  # a server's Retry-After is respected up to this many seconds
+log = logging.getLogger("rlhf")
 
 
 class ChatCompletionsError(RuntimeError):
     """The endpoint failed for good (after retries, or with a non-retryable status)."""
+
+
+class ChatServerUnavailableError(RuntimeError):
+    """A configured chat-completions server does not answer at all; raised before a round starts."""
+
+
+def check_chat_server(base_url: str, key: str, timeout_s: float = 5.0) -> None:
+    """Fail in seconds when nothing answers at `base_url` (`key`: its config key, for the message). Any HTTP answer
+    counts, 401 and 404 included: this asks whether a server is there, not whether it will accept the round's
+    requests (a round found a dead judge only at its last stage, after retrying it for half a minute)."""
+    try:
+        httpx.get(f"{base_url.rstrip('/')}/models", timeout=timeout_s)
+    except httpx.TransportError as err:
+        raise ChatServerUnavailableError(
+            f"{key}: nothing answers at {base_url} ({type(err).__name__}): start the server, or fix the URL") from None
 
 
 class MalformedCompletion(ValueError):
@@ -159,7 +176,9 @@ class ChatCompletionsClient:
                     raise ChatCompletionsError(scrub(f"{self.url}: {failure} (not retried)", self._api_key))
                 retry_after = retry_after_s(response)
                 wait = wait if retry_after is None else retry_after
-            if attempt < self.max_retries:
+            if attempt < self.max_retries:  # said, so a dead server is not minutes of silence
+                log.warning("%s: %s; retry %d of %d in %.1f s", self.url, scrub(failure, self._api_key), attempt + 1,
+                            self.max_retries, wait)
                 time.sleep(wait)
         raise ChatCompletionsError(
             scrub(f"{self.url}: gave up after {self.max_retries + 1} attempts: {failure}", self._api_key))

@@ -1042,6 +1042,16 @@ def apply_override(data: dict, item: str) -> None:
                           "a string") from None
 
 
+def check_iterated_exports(config: RoundConfig, n_rounds: int) -> None:
+    """Refuse iterated rounds over real annotation exports: every round would import the same files again, and
+    the accumulated pairs would count each judgement once per round. Round k + 1 needs annotations of round k's
+    responses, which only the annotators can give."""
+    if n_rounds > 1 and config.annotation.exports:
+        raise ConfigError(f"rlhf-rounds with annotation.exports would import the same {len(config.annotation.exports)} "
+                         "export file(s) in every round: with real annotators run one round per export "
+                         "(rlhf-round/on-new-export starts one when a new file arrives), or n_rounds 1")
+
+
 def config_digest(cfg: BaseModel | dict[str, Any]) -> str:
     """sha256 of the config's canonical JSON: equal configs give equal digests."""
     data = cfg.model_dump(mode="json", context=RESOLVED) if isinstance(cfg, BaseModel) else cfg

@@ -36,7 +36,7 @@ import rlhf_core
 from rlhf_core.annotation.importer import is_export_name
 from rlhf_core.artifacts import ArtifactRef, ArtifactStore, Manifest, cache_key
 from rlhf_core.config import RESOLVED, config_digest
-from tasks.tracking import Tracker
+from tasks.tracking import Tracker, flatten_params
 
 log = logging.getLogger("rlhf")
 
@@ -139,6 +139,27 @@ def lock_workdir(workdir: str | Path, note: str = "", name: str = ".round.lock",
                 f.write(left_by_killed)
                 f.flush()
             fcntl.flock(f, fcntl.LOCK_UN)
+
+
+class DamagedArtifactError(RuntimeError):
+    """A stage failed on an input artifact whose files changed since it was committed."""
+
+
+def damaged_message(inputs: dict[str, ArtifactRef], damaged: dict[str, list[str]], workdir: str) -> str:
+    named = "; ".join(f"{name} ({inputs[name].kind}:{inputs[name].digest[:12]}: {', '.join(problems[:3])})"
+                      for name, problems in damaged.items())
+    return (f"the stage failed reading input artifacts whose files changed since they were committed: {named}. "
+            f"Run `rlhf verify {workdir} --remove`, then the round again: it makes them again")
+
+
+def _execution_note(execution: dict[str, Any] | None) -> str:
+    """On a cache hit: settings that change how a stage runs (num_processes=2, deepspeed) do not make it run again,
+    which a user who just set them may not expect. Their defaults (1 rank, no DeepSpeed) go unsaid."""
+    given = {k: v for k, v in flatten_params(execution or {}).items() if v not in ("1", "None", "False", "")}
+    if not given:
+        return ""
+    shown = ", ".join(f"{k}={v}" for k, v in sorted(given.items()))
+    return f"; {shown} change how it runs, not what it makes, so they do not run it again"
 
 
 SCRATCH = "scratch"  # <workdir>/scratch/<stage>-<cache key>: what an unfinished stage execution resumes from
@@ -315,8 +336,8 @@ def run_stage(
         tracker.log_model_inputs(run_id, [ref.digest for ref in inputs.values() if ref.kind in MODEL_KINDS])
         hit = store.lookup(key)
         if hit is not None:
-            _stage_logger().info("stage %s: served from the cache (%s %s, stage version %s)", stage, hit.kind,
-                                 hit.digest[:12], version)
+            _stage_logger().info("stage %s: served from the cache (%s %s, stage version %s)%s", stage, hit.kind,
+                                 hit.digest[:12], version, _execution_note(execution))
             tracker.set_tags(run_id, {"rlhf.cache": "hit", "rlhf.output": f"{hit.kind}:{hit.digest}",
                                       "rlhf.output_path": hit.path})
             if (maker := tracker.producing_run(f"{hit.kind}:{hit.digest}")) is not None:  # who made it, and where
@@ -357,8 +378,12 @@ def run_stage(
         _stage_logger().info("stage %s: done in %.0f s (%s %s)", stage, metrics["time/stage_seconds"], ref.kind,
                              ref.digest[:12])
         return ref
-    except BaseException:
+    except BaseException as err:
         tracker.end_run(run_id, status="FAILED")
+        # a damaged input fails as "Parquet magic bytes not found" or "Corrupt snappy data", naming nothing
+        if isinstance(err, Exception) and (damaged := {name: problems for name, ref in inputs.items()
+                                                       if (problems := store.damage(ref))}):
+            raise DamagedArtifactError(damaged_message(inputs, damaged, ctx.workdir)) from err
         raise
 
 
@@ -449,4 +474,4 @@ def _base_model(manifest: Manifest) -> str:
 
 
 __all__ = ["RunContext", "StageRun", "run_stage", "publish_markdown", "in_prefect_run", "config_digest", "code_version",
-           "lock_workdir", "WorkdirBusyError", "SCRATCH", "scratch_dirs"]
+           "lock_workdir", "WorkdirBusyError", "SCRATCH", "scratch_dirs", "DamagedArtifactError"]

@@ -30,7 +30,7 @@ from rlhf_core.judge.prompt import criteria_text, grading_criteria_text
 from rlhf_core.judge.prompt_sets import load_prompt_set
 from rlhf_core.schemas import read_table, write_table
 from rlhf_core.sim.world import gold_score
-from tasks.common import RunContext, StageRun, in_prefect_run, run_stage
+from tasks.common import RunContext, StageRun, _stage_logger, in_prefect_run, run_stage
 from tasks.plots import verdict_bars_with_intervals
 from tasks.ppo import reward_scorer
 
@@ -112,6 +112,8 @@ def headline(metrics: dict[str, float], cfg: EvalConfig, baseline_name: str = "s
              "position disagreement": "eval/judge/position_disagreement",
              "unparsed replies": "eval/judge/unparsed_share"}
     lines += [""] + [f"- {label}: {metrics[key]:.1%}" for label, key in extra.items() if key in metrics]
+    if metrics.get("eval/judge/unparsed_share", 0.0) >= UNREAD_WARNING:
+        lines += ["", f"**Warning:** {unread_verdicts_warning(metrics['eval/judge/unparsed_share'], cfg.judge)}."]
     lines += grade_lines(metrics, ("policy", baseline_name))
     if "eval/judge/cost_usd" in metrics:
         lines.append(f"- requests {int(metrics['eval/judge/requests'])}, cache hits "
@@ -212,10 +214,22 @@ def evaluate(ctx: RunContext, cfg: EvalConfig, candidate: ArtifactRef, baseline:
                             "world": world}, produce=produce, execution=execution)
     # after the stage, so a cache hit shows the headline on its flow run too; outside a Prefect run there is none
     # to show it on (and the benchmarks' direct path keeps no manifest to read it from)
+    metrics = ctx.store.manifest(ref).metrics
+    if (unread := metrics.get("eval/judge/unparsed_share", 0.0)) >= UNREAD_WARNING:
+        _stage_logger().warning(unread_verdicts_warning(unread, cfg.judge))
     if in_prefect_run():
-        _publish_headline(headline(ctx.store.manifest(ref).metrics, cfg, baseline_name), ctx.round_name,
-                          baseline_name)
+        _publish_headline(headline(metrics, cfg, baseline_name), ctx.round_name, baseline_name)
     return ref
+
+
+UNREAD_WARNING = 0.2  # a share of unreadable verdicts that makes the win rate mostly ties by default
+
+
+def unread_verdicts_warning(share: float, judge: str) -> str:
+    """An LLM judge whose verdicts mostly could not be read: each counts as a tie, which decides promotion."""
+    return (f"the {judge} judge's verdict could not be read in {share:.0%} of its replies, each counted as a tie: "
+            "the win rate (and promotion) mostly reflect that; see the judgements' raw replies "
+            "(judgements.parquet), or use a stronger judge model")
 
 
 def registered_policy(ctx: RunContext, name: str, alias: str) -> ArtifactRef:

@@ -150,12 +150,16 @@ class Tracker:
                                        filter_string=f"tags.`rlhf.output` = '{output}' and tags.`rlhf.cache` = 'miss'")
         return runs[0] if runs else None
 
+    def run_url(self, run_id: str) -> str:
+        """The run's page on the MLflow server; "" for a local store (it has no UI address of its own)."""
+        if self.tracking_uri.startswith(("http://", "https://")):
+            return f"{self.tracking_uri.rstrip('/')}/#/experiments/{self.experiment_id}/runs/{run_id}?{UI_MODEL_TRAINING}"
+        return ""
+
     def run_link(self, run_id: str) -> str:
         """Markdown pointing at the run: a link into the MLflow UI for a tracking server, else the run id
-        and the store (a local store has no UI address of its own)."""
-        if self.tracking_uri.startswith(("http://", "https://")):
-            ui = self.tracking_uri.rstrip("/")
-            url = f"{ui}/#/experiments/{self.experiment_id}/runs/{run_id}?{UI_MODEL_TRAINING}"
+        and the store."""
+        if url := self.run_url(run_id):
             return f"[MLflow run {run_id}]({url})"
         return f"MLflow run `{run_id}` (experiment {self.experiment_id} in `{self.tracking_uri}`)"
 

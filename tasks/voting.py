@@ -75,9 +75,10 @@ def _gold_report(pairs: pd.DataFrame, votes: pd.DataFrame, run: StageRun) -> dic
     metrics.update({f"voting/gold_agreement_excl_gold_ties/decile_{i + 1:02d}": v for i, v in enumerate(deciles)})
     # each voter's and the ensemble's agreement with gold on the direction of the pairs
     diffs = np.array(joined["diffs"].tolist(), dtype=np.float64)  # (N, M), NaN where a voter did not vote
-    per_voter = [float(((diffs[m, k] > 0) == correct[m]).mean())
-                 for k in range(diffs.shape[1]) for m in [decided & ~np.isnan(diffs[:, k])] if m.any()]
-    metrics["voting/voter_gold_accuracy_excl_gold_ties"] = float(np.mean(per_voter))
+    per_voter = {k: float(((diffs[m, k] > 0) == correct[m]).mean())
+                 for k in range(diffs.shape[1]) for m in [decided & ~np.isnan(diffs[:, k])] if m.any()}
+    metrics["voting/voter_gold_accuracy_excl_gold_ties"] = float(np.mean(list(per_voter.values())))
+    metrics.update({f"voting/voter_gold_accuracy_excl_gold_ties/voter_{k:02d}": v for k, v in per_voter.items()})
     metrics["voting/ensemble_gold_accuracy_excl_gold_ties"] = float(
         ((joined["mean"].to_numpy() > 0) == correct)[decided].mean())
     return metrics

@@ -92,6 +92,27 @@ def test_a_key_is_sent_over_https_or_to_this_machine_only():
     ChatCompletionsClient("http://judge.example.com/v1", "m", None).close()  # no key: nothing to protect
 
 
+def test_each_retry_is_logged_and_a_dead_server_is_found_before_a_round_starts(caplog):
+    import logging
+    import socket
+
+    from rlhf_core.chat_completions import ChatServerUnavailableError, check_chat_server
+
+    with JudgeServer() as server, ChatCompletionsClient(server.base_url, "m", KEY, backoff_s=0.0) as client:
+        server.script = [("status", 503, {}), ("reply", "hello")]
+        with caplog.at_level(logging.WARNING, logger="rlhf"):
+            assert client.complete([{"role": "user", "content": "hi"}]).content == "hello"
+        check_chat_server(server.base_url, "evaluation.http.base_url")  # answers (its /models is a 404: fine)
+    [retry] = [r.getMessage() for r in caplog.records if r.name == "rlhf"]
+    assert "HTTP 503" in retry and "retry 1 of 3" in retry and KEY not in retry and "***" in retry
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with pytest.raises(ChatServerUnavailableError, match=rf"evaluation.http.base_url: nothing answers at "
+                                                         rf"http://127.0.0.1:{port}/v1 \(ConnectError\)"):
+        check_chat_server(f"http://127.0.0.1:{port}/v1", "evaluation.http.base_url")
+
+
 def test_the_count_hook_gets_requests_retries_and_tokens():
     counts: list[dict] = []
     with JudgeServer() as server, ChatCompletionsClient(server.base_url, "m", None, backoff_s=0.0,

@@ -149,6 +149,25 @@ def test_the_summary_says_what_promotion_decided_and_why_iterated_rounds_stop(ca
     assert "Promotion" not in out and "stop here" not in out
 
 
+def test_the_summary_of_a_shared_mode_round_links_its_servers_pages_and_says_a_stage_run_is_not_a_round(capsys):
+    """With a tracking server, `mlflow ui --backend-store-uri http://...` fails; with a Prefect server, `prefect
+    server start` would start a second, empty one. Counts print as counts, a KL of -0.0004 as 0.000."""
+    from flows.cli import print_summary
+
+    summary = {"round": "r", "round_no": 1, "artifacts": {}, "stopped_after": "vote", "promotion": None, "stop": None,
+               "headline": {"pairs flipped by voting": 703.0, "KL(new policy || SFT)": -0.0004},
+               "mlflow": {"tracking_uri": "http://127.0.0.1:5000", "experiment": "e", "run_id": "abc",
+                          "run_url": "http://127.0.0.1:5000/#/experiments/1/runs/abc?workflowType=machine_learning"},
+               "prefect_flow_run_id": "f1", "prefect_flow_run_url": "http://127.0.0.1:4200/runs/flow-run/f1"}
+    print_summary(summary)
+    out = " ".join(capsys.readouterr().out.split())
+    assert "RLHF round 'r' #1 run up to stage vote" in out
+    assert "Open the MLflow UI: http://127.0.0.1:5000/#/experiments/1/runs/abc" in out and "mlflow ui" not in out
+    assert "Open the Prefect UI: http://127.0.0.1:4200/runs/flow-run/f1" in out and "server start" not in out
+    assert " 703 " in out and "703.000" not in out
+    assert "-0.000" not in out and "0.000" in out
+
+
 LOCAL_API_SCRIPT = """
 import os, sys
 from flows.local_api import runs_on_local_api, start_local_api
@@ -286,7 +305,8 @@ def test_verify_finds_damaged_artifacts_and_unfinished_executions_and_removes_th
 
     with lock_workdir(workdir, note="a round"):  # a live round: nothing is removed under it
         busy = runner.invoke(app, ["verify", str(workdir), "--remove"])
-    assert busy.exit_code == 2 and "another round is running" in busy.output and "nothing removed" in busy.output
+    assert busy.exit_code == 2 and "a round is running in" in busy.output and "nothing removed" in busy.output
+    assert "give this round its own workdir" not in busy.output  # a round's advice, not verify's
     (workdir / ".round.lock").write_text(killed_note)  # as the killed round left it (the live one emptied it)
 
     result = runner.invoke(app, ["verify", str(workdir), "--remove", "--remove-scratch"])
@@ -299,3 +319,30 @@ def test_verify_finds_damaged_artifacts_and_unfinished_executions_and_removes_th
     again = runner.invoke(app, ["verify", str(workdir)])
     assert again.exit_code == 0 and "2 intact, 0 damaged; 0 cache entries" in again.output
     assert runner.invoke(app, ["verify", str(tmp_path / "nothing")]).exit_code == 2
+
+
+def test_iterated_rounds_over_real_exports_are_one_line_before_any_work(tmp_path, monkeypatch):
+    """A ValueError raised inside rlhf-rounds gave a 120-line traceback and exit 1, after Prefect's local API."""
+    monkeypatch.setenv("RLHF_ALLOWED_ROOTS", str(tmp_path))
+    export = tmp_path / "batch-1.jsonl"
+    export.write_text('{"prompt": "1+1", "chosen": "2", "rejected": "3"}\n')
+    result = runner.invoke(app, ["rounds", "2", "--set", f"annotation.exports=[{export}]",
+                                 "--set", f"workdir={tmp_path / 'w'}"])
+    assert result.exit_code == 2 and "would import the same 1 export file(s) in every round" in result.output
+    assert "Traceback" not in result.output and not (tmp_path / "w").exists()
+
+
+def test_a_round_whose_judge_server_is_down_is_refused_before_any_work(tmp_path):
+    """It was found at the evaluate stage, after every other stage had run (minutes; hours on a real model)."""
+    from pathlib import Path
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mini = Path(__file__).parents[1] / "configs" / "mini.yaml"
+    result = runner.invoke(app, ["round", str(mini), "--set", f"workdir={tmp_path / 'w'}", "--set",
+                                 "evaluation.judge=http", "--set", f"evaluation.http.base_url=http://127.0.0.1:{port}/v1",
+                                 "--set", "evaluation.http.api_key_env=null"])
+    assert result.exit_code == 2, result.output
+    assert f"evaluation.http.base_url: nothing answers at http://127.0.0.1:{port}/v1" in " ".join(result.output.split())
+    assert not (tmp_path / "w").exists()

@@ -48,3 +48,11 @@ def test_the_headline_is_a_markdown_artifact_of_the_flow_run(prefect_api):
     assert "| win | 50.0% | 30.0% – 70.0% |" in artifact.data
     assert "- agreement with gold (oracle): 75.0%" in artifact.data
     assert "- requests 40, cache hits 0, cost $0.0840" in artifact.data
+
+
+def test_a_judge_whose_verdicts_mostly_cannot_be_read_is_called_out_in_the_headline():
+    """A small local judge gave 100 % unreadable verdicts, each a tie, which decided promotion without a word."""
+    unread = METRICS | {"eval/judge/unparsed_share": 0.6}
+    assert "**Warning:** the http judge's verdict could not be read in 60% of its replies, each counted as a tie" \
+        in headline(unread, CFG)
+    assert "Warning" not in headline(METRICS | {"eval/judge/unparsed_share": 0.05}, CFG)

@@ -8,6 +8,7 @@ import math
 import re
 from pathlib import Path
 
+import numpy as np
 import pytest
 from mlflow import MlflowClient
 
@@ -284,6 +285,8 @@ def test_second_identical_round_is_served_from_cache(two_rounds):
         set(reward.data.metrics)
     vote = next(r for r in children if r.data.tags["rlhf.stage"] == "vote")
     assert "voting/gold_agreement_excl_gold_ties/decile_01" in vote.data.metrics
+    voters = [vote.data.metrics[f"voting/voter_gold_accuracy_excl_gold_ties/voter_{k:02d}"] for k in range(3)]
+    assert vote.data.metrics["voting/voter_gold_accuracy_excl_gold_ties"] == pytest.approx(np.mean(voters))
     # ... and the plots the miss logged
     plots = {Path(f.path).name for f in client.list_artifacts(vote.info.run_id, "plots")}
     assert {"preference_strength.png", "strength_std_by_group.png"} <= plots

@@ -138,6 +138,17 @@ def test_start_status_stop(services):
     status = run("status").stdout
     assert all(f"{name}: running (pid {pid}" in status for name, pid in pids.items())
     assert run("start").returncode == 1  # a second start refuses rather than doubling the services
+    # status without the ports in its environment reports the ones start used, not 4200 / 5000
+    bare = {k: v for k, v in env.items() if k not in ("PREFECT_PORT", "MLFLOW_PORT")}
+    status = subprocess.run(["bash", str(ROOT / "infra" / "services.sh"), "status"], env=bare, capture_output=True,
+                            text=True, timeout=60).stdout
+    assert f"127.0.0.1:{env['PREFECT_PORT']}/api" in status and f"127.0.0.1:{env['MLFLOW_PORT']}" in status
+    # another set of services on ports already taken: it said it started, its health checks answered by these
+    other = {**env, "RLHF_SERVICES_DIR": str(state.parent / "other-services")}
+    taken = subprocess.run(["bash", str(ROOT / "infra" / "services.sh"), "start"], env=other, capture_output=True,
+                           text=True, timeout=60)
+    assert taken.returncode == 1 and f"port {env['PREFECT_PORT']} is in use" in taken.stderr
+    assert not (state.parent / "other-services" / "prefect.pid").exists()  # nothing was started
     run("stop")
     assert not any(_group_alive(pid) for pid in pids.values())  # the worker (and its children) too
     assert "worker: stopped" in run("status").stdout

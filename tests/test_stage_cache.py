@@ -155,3 +155,43 @@ def test_a_stage_body_runs_with_the_live_objects_frozen_and_the_garbage_collecte
     assert seen["garbage_before"] is None and seen["garbage_during"] is None
     assert not seen["alive_tracked"]  # in the permanent generation, which gc.get_objects leaves out
     assert seen["generations"][2] < 1000, seen["generations"]  # only what the stage's own start made
+
+
+def test_a_cache_hit_says_that_ranks_or_deepspeed_just_set_do_not_run_the_stage_again():
+    """`--set generation.num_processes=2` on a workdir that already holds the stage's output changed nothing, and
+    nothing said so; the defaults (1 rank, no DeepSpeed) go unsaid."""
+    from tasks.common import _execution_note
+
+    assert _execution_note({"num_processes": 1, "deepspeed": None}) == "" and _execution_note(None) == ""
+    assert _execution_note({"num_processes": 2, "deepspeed": "zero3"}) == (
+        "; deepspeed=zero3, num_processes=2 change how it runs, not what it makes, so they do not run it again")
+
+
+def test_a_stage_that_fails_on_a_damaged_input_names_it_and_the_command_that_repairs_it(tmp_path):
+    """A byte changed in a cached votes table: the next stage failed with "Corrupt snappy compressed data"."""
+    import pytest
+
+    from tasks.common import DamagedArtifactError
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    parent = Tracker(uri, "damaged").start_run("round", {})
+    ctx = RunContext(workdir=str(tmp_path), tracking_uri=uri, experiment="damaged", parent_run_id=parent,
+                     round_name="t")
+
+    def make_table(out, run):
+        pd.DataFrame({"x": range(100)}).to_parquet(out / "votes.parquet")
+        return {}
+
+    def read_table(out, run):
+        (out / "n.txt").write_text(str(len(pd.read_parquet(votes.file("votes.parquet")))))
+        return {}
+
+    votes = run_stage(ctx, stage="vote", version="1", kind="votes", config={}, inputs={}, produce=make_table)
+    data = votes.file("votes.parquet").read_bytes()
+    votes.file("votes.parquet").write_bytes(data[: len(data) // 2])  # cut short, as by a full disk or a bad copy
+    with pytest.raises(DamagedArtifactError, match=rf"votes \(votes:{votes.digest[:12]}: votes.parquet: changed .*"
+                                                   rf"rlhf verify {tmp_path} --remove"):
+        run_stage(ctx, stage="denoise", version="1", kind="denoised", config={}, inputs={"votes": votes},
+                  produce=read_table)
+    with pytest.raises(ZeroDivisionError):  # a stage's own bug, inputs intact: its own error, untouched
+        run_stage(ctx, stage="other", version="1", kind="x", config={}, inputs={}, produce=lambda out, run: 1 / 0)

@@ -162,7 +162,7 @@ def test_export_names_the_watcher_announces_are_the_ones_the_importers_read():
 
 
 def test_a_round_over_real_exports_does_not_start_the_next_one_and_iterated_rounds_refuse_them(tmp_path):
-    from flows.round import check_iterated_exports
+    from rlhf_core.config import ConfigError, check_iterated_exports
 
     simulated = load_config(ROOT / "configs" / "mini.yaml")
     real = load_config(ROOT / "configs" / "mini.yaml", overrides=[f"annotation.exports=[{tmp_path / 'batch-1.jsonl'}]"])
@@ -171,5 +171,5 @@ def test_a_round_over_real_exports_does_not_start_the_next_one_and_iterated_roun
     assert round_completed(real, _summary(1, None), False)["resource"]["rlhf.next"] == "no"
     check_iterated_exports(simulated, 3)
     check_iterated_exports(real, 1)
-    with pytest.raises(ValueError, match="same 1 export file"):
+    with pytest.raises(ConfigError, match="same 1 export file"):
         check_iterated_exports(real, 2)
