@@ -20,7 +20,7 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from rlhf_core import models
-from rlhf_core.artifacts import ArtifactRef, content_digest
+from rlhf_core.artifacts import MANIFEST, ArtifactRef, content_digest
 from rlhf_core.config import EvalConfig, HTTPJudgeConfig, RewardTrainConfig, config_digest
 from rlhf_core.evaluation import compare_policies
 from rlhf_core.judge.cache import JudgementCache
@@ -212,8 +212,10 @@ def evaluate(ctx: RunContext, cfg: EvalConfig, candidate: ArtifactRef, baseline:
     ref = run_stage(ctx, stage=stage, version=VERSION, kind="judgements", config=config,
                     inputs={"candidate": candidate, "baseline": baseline, "reward_model": reward_model,
                             "world": world}, produce=produce, execution=execution)
-    # after the stage, so a cache hit shows the headline on its flow run too; outside a Prefect run there is none
-    # to show it on (and the benchmarks' direct path keeps no manifest to read it from)
+    # after the stage, so a cache hit shows the headline and the warning on its flow run too; outside a Prefect run
+    # there is no flow run to show it on, and the benchmarks' direct path keeps no manifest to read them from
+    if not ref.file(MANIFEST).is_file():
+        return ref
     metrics = ctx.store.manifest(ref).metrics
     if (unread := metrics.get("eval/judge/unparsed_share", 0.0)) >= UNREAD_WARNING:
         _stage_logger().warning(unread_verdicts_warning(unread, cfg.judge))
