@@ -271,9 +271,10 @@ def version():
 def print_summary(summary: dict) -> None:
     what = f"run up to stage {stage}" if (stage := summary.get("stopped_after")) else "finished"
     console.rule(f"RLHF round {summary['round']!r} #{summary.get('round_no', 1)} {what}")
-    table = Table("stage", "artifact", "path", title="What each stage produced")
+    table = Table("stage", "artifact", title="What each stage produced")
+    table.add_column("path", overflow="fold")  # whole, folded, where the terminal is narrow (or not a terminal)
     for stage, art in summary["artifacts"].items():
-        table.add_row(stage, f"{art['kind']}:{art['digest'][:12]}", art["path"], overflow="fold")
+        table.add_row(stage, f"{art['kind']}:{art['digest'][:12]}", art["path"])
     console.print(table)
     numbers = Table("headline", "value", title="Headline numbers")
     for name, value in summary["headline"].items():

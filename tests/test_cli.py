@@ -154,7 +154,9 @@ def test_the_summary_of_a_shared_mode_round_links_its_servers_pages_and_says_a_s
     server start` would start a second, empty one. Counts print as counts, a KL of -0.0004 as 0.000."""
     from flows.cli import print_summary
 
-    summary = {"round": "r", "round_no": 1, "artifacts": {}, "stopped_after": "vote", "promotion": None, "stop": None,
+    path = "/srv/rlhf/workdirs/a-long-name/artifacts/votes/" + "0123456789abcdef" * 4  # longer than the table
+    summary = {"round": "r", "round_no": 1, "stopped_after": "vote", "promotion": None, "stop": None,
+               "artifacts": {"vote": {"kind": "votes", "digest": "0123456789abcdef" * 4, "path": path}},
                "headline": {"pairs flipped by voting": 703.0, "KL(new policy || SFT)": -0.0004},
                "mlflow": {"tracking_uri": "http://127.0.0.1:5000", "experiment": "e", "run_id": "abc",
                           "run_url": "http://127.0.0.1:5000/#/experiments/1/runs/abc?workflowType=machine_learning"},
@@ -165,6 +167,7 @@ def test_the_summary_of_a_shared_mode_round_links_its_servers_pages_and_says_a_s
     assert "Open the MLflow UI: http://127.0.0.1:5000/#/experiments/1/runs/abc" in out and "mlflow ui" not in out
     assert "Open the Prefect UI: http://127.0.0.1:4200/runs/flow-run/f1" in out and "server start" not in out
     assert " 703 " in out and "703.000" not in out
+    assert "votes:0123456789ab" in out and "…" not in out  # the path folded, never cut
     assert "-0.000" not in out and "0.000" in out
 
 
