@@ -48,6 +48,7 @@ def _user_error_types() -> tuple[type[Exception], ...]:
     Imported only once one is raised: `rlhf validate` should not pay for MLflow's and Prefect's imports."""
     from flows.local_api import LocalAPIError
     from rlhf_core.annotation.label_studio import ImportFormatError
+    from rlhf_core.artifacts import DamagedArtifactError
     from rlhf_core.chat_completions import ChatServerUnavailableError
     from rlhf_core.judge.http import JudgeError
     from rlhf_core.sampling.taggers import TaggerError
@@ -55,7 +56,7 @@ def _user_error_types() -> tuple[type[Exception], ...]:
     from rlhf_core.generation.plan import GenerationInputError
     from rlhf_core.paths import PathNotAllowedError
     from tasks.annotation import ExportChangedError
-    from tasks.common import DamagedArtifactError, WorkdirBusyError
+    from tasks.common import WorkdirBusyError
     from tasks.tracking import TrackingUnavailableError
 
     return (ConfigError, PathNotAllowedError, ImportFormatError, ExportChangedError, GenerationInputError,

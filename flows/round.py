@@ -100,10 +100,10 @@ def run_tags(config: RoundConfig) -> dict[str, str]:
     UI link only where the Prefect API outlives the command: a command-line round's local API does not)."""
     return {"rlhf.round": config.name, "rlhf.config_digest": config_digest(config), **code_tags(),
             "prefect.flow_run_id": str(flow_run.id or ""), "prefect.flow_run_name": str(flow_run.name or ""),
-            "prefect.flow_run_url": run_tags_url()}
+            "prefect.flow_run_url": flow_run_ui_url()}
 
 
-def run_tags_url() -> str:
+def flow_run_ui_url() -> str:
     """The flow run's page in the Prefect UI: "" where the API ends with the command (the CLI's local one)."""
     return "" if runs_on_local_api() else url_without_userinfo(str(flow_run.ui_url or ""))
 
@@ -351,7 +351,7 @@ def summarize_round(ctx: RunContext, outputs: dict[str, ArtifactRef], decisions:
         "mlflow": {"tracking_uri": ctx.tracking_uri, "experiment": ctx.experiment, "run_id": ctx.parent_run_id,
                    "run_url": ctx.tracker.run_url(ctx.parent_run_id)},
         "prefect_flow_run_id": ctx.flow_run_id,
-        "prefect_flow_run_url": run_tags_url(),
+        "prefect_flow_run_url": flow_run_ui_url(),
         "artifacts": {name: {"kind": r.kind, "digest": r.digest, "path": r.path} for name, r in outputs.items()},
         "headline": headline,
         **decisions,

@@ -31,6 +31,10 @@ MANIFEST = "manifest.json"
 STORE_DIRS = {"cache", ".staging", "plots"}  # beside the kinds' directories, not artifacts
 
 
+class DamagedArtifactError(RuntimeError):
+    """A committed artifact whose files changed since its commit (`ArtifactStore.damage` says how)."""
+
+
 class ArtifactRef(BaseModel):
     """A pointer to a committed artifact; small and serialisable (it is what Prefect tasks return)."""
 
@@ -93,10 +97,16 @@ def content_digest(root: Path) -> tuple[str, dict[str, str]]:
         rel = p.relative_to(root).as_posix()
         if p.is_file() and rel != MANIFEST:
             files[rel] = sha256_file(p)
+    return files_digest(files), files
+
+
+def files_digest(files: dict[str, str]) -> str:
+    """The artifact's digest from its files' sha256 (relative path -> sha256), in the order given: content_digest's
+    (sorted Paths, which is not sorted strings: "a/b" before "a-c") and so the manifest's."""
     h = hashlib.sha256()
     for rel, digest in files.items():
         h.update(f"{rel}\0{digest}\n".encode())
-    return h.hexdigest(), files
+    return h.hexdigest()
 
 
 def cache_key(stage: str, stage_version: str, config_digest: str, input_digests: dict[str, str]) -> str:
@@ -240,7 +250,7 @@ class ArtifactStore:
         if not entry.is_file():
             return None
         ref = ArtifactRef.model_validate_json(entry.read_text())
-        if not (Path(ref.path) / MANIFEST).is_file() or self.damage(ref, hash_files=False):
+        if self.damage(ref, hash_files=False):  # a manifest gone or unreadable, or files gone or added
             return None
         return ref
 
@@ -248,8 +258,8 @@ class ArtifactStore:
         return Manifest.model_validate_json((Path(ref.path) / MANIFEST).read_text())
 
     def verify(self, ref: ArtifactRef) -> bool:
-        """Recompute the digest: True if no byte changed since commit."""
-        return content_digest(Path(ref.path))[0] == ref.digest
+        """True if no byte changed since commit (every file hashed against the manifest)."""
+        return not self.damage(ref)
 
     def damage(self, ref: ArtifactRef, hash_files: bool = True) -> list[str]:
         """What changed in a committed artifact since its commit, one line each (empty when intact): its manifest
@@ -259,8 +269,8 @@ class ArtifactStore:
             manifest = Manifest.model_validate_json((root / MANIFEST).read_text())
         except (OSError, ValueError) as err:
             return [f"{MANIFEST} unreadable ({type(err).__name__})"]
-        if manifest.digest != ref.digest:
-            return [f"{MANIFEST} names digest {manifest.digest[:12]}, not {ref.digest[:12]}"]
+        if manifest.digest != ref.digest or files_digest(manifest.files) != ref.digest:
+            return [f"{MANIFEST} does not hash to digest {ref.digest[:12]} (edited?)"]
         present = {p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file()} - {MANIFEST}
         problems = [f"{rel}: missing" for rel in sorted(set(manifest.files) - present)]
         problems += [f"{rel}: not in the manifest" for rel in sorted(present - set(manifest.files))]

@@ -34,9 +34,9 @@ from pydantic import BaseModel, ConfigDict
 
 import rlhf_core
 from rlhf_core.annotation.importer import is_export_name
-from rlhf_core.artifacts import ArtifactRef, ArtifactStore, Manifest, cache_key
+from rlhf_core.artifacts import ArtifactRef, ArtifactStore, DamagedArtifactError, Manifest, cache_key
 from rlhf_core.config import RESOLVED, config_digest
-from tasks.tracking import Tracker, flatten_params
+from tasks.tracking import Tracker
 
 log = logging.getLogger("rlhf")
 
@@ -141,10 +141,6 @@ def lock_workdir(workdir: str | Path, note: str = "", name: str = ".round.lock",
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
-class DamagedArtifactError(RuntimeError):
-    """A stage failed on an input artifact whose files changed since it was committed."""
-
-
 def damaged_message(inputs: dict[str, ArtifactRef], damaged: dict[str, list[str]], workdir: str) -> str:
     named = "; ".join(f"{name} ({inputs[name].kind}:{inputs[name].digest[:12]}: {', '.join(problems[:3])})"
                       for name, problems in damaged.items())
@@ -153,13 +149,15 @@ def damaged_message(inputs: dict[str, ArtifactRef], damaged: dict[str, list[str]
 
 
 def _execution_note(execution: dict[str, Any] | None) -> str:
-    """On a cache hit: settings that change how a stage runs (num_processes=2, deepspeed) do not make it run again,
-    which a user who just set them may not expect. Their defaults (1 rank, no DeepSpeed) go unsaid."""
-    given = {k: v for k, v in flatten_params(execution or {}).items() if v not in ("1", "None", "False", "")}
-    if not given:
-        return ""
-    shown = ", ".join(f"{k}={v}" for k, v in sorted(given.items()))
-    return f"; {shown} change how it runs, not what it makes, so they do not run it again"
+    """On a cache hit: worker ranks or DeepSpeed, which a user sets to run a stage differently, do not make it run
+    again. Their defaults (1 rank, no DeepSpeed) and other execution settings (an HTTP judge's timeouts) go unsaid."""
+    execution = execution or {}
+    given = []
+    if execution.get("deepspeed"):
+        given.append(f"deepspeed={execution['deepspeed']}")
+    if execution.get("num_processes", 1) > 1:
+        given.append(f"num_processes={execution['num_processes']}")
+    return f"; {', '.join(given)} change how it runs, not what it makes, so they do not run it again" if given else ""
 
 
 SCRATCH = "scratch"  # <workdir>/scratch/<stage>-<cache key>: what an unfinished stage execution resumes from
@@ -474,4 +472,4 @@ def _base_model(manifest: Manifest) -> str:
 
 
 __all__ = ["RunContext", "StageRun", "run_stage", "publish_markdown", "in_prefect_run", "config_digest", "code_version",
-           "lock_workdir", "WorkdirBusyError", "SCRATCH", "scratch_dirs", "DamagedArtifactError"]
+           "lock_workdir", "WorkdirBusyError", "SCRATCH", "scratch_dirs"]

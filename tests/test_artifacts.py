@@ -174,3 +174,22 @@ def test_a_metric_with_nothing_to_measure_is_left_out_and_a_manifest_holding_one
     written["metrics"]["denoise/flip_precision"] = None  # as the earlier version wrote it
     (tmp_path / "store" / "denoised" / ref.digest / MANIFEST).write_text(json.dumps(written))
     assert store.manifest(ref).metrics == {"n": 3.0}
+
+
+def test_an_artifact_whose_path_order_is_not_string_order_verifies_and_an_edited_manifest_does_not(tmp_path):
+    """Paths sort by parts ("a/b" before "a-c"), strings by character ("a-c" first): the digest is over the first."""
+    import json
+
+    store = ArtifactStore(tmp_path / "store")
+    with store.staging() as staged:
+        (staged / "a").mkdir()
+        (staged / "a" / "b.txt").write_text("nested")
+        (staged / "a-c.txt").write_text("beside")
+        ref = _commit(store, staged, kind="policy")
+    assert list(store.manifest(ref).files) == ["a/b.txt", "a-c.txt"] and store.verify(ref)
+    root = tmp_path / "store" / "policy" / ref.digest
+    (root / "a-c.txt").write_text("edited")
+    manifest = json.loads((root / "manifest.json").read_text())
+    manifest["files"]["a-c.txt"] = content_digest(root)[1]["a-c.txt"]  # the manifest edited to match
+    (root / "manifest.json").write_text(json.dumps(manifest))
+    assert store.damage(ref) == [f"manifest.json does not hash to digest {ref.digest[:12]} (edited?)"]

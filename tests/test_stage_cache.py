@@ -163,6 +163,7 @@ def test_a_cache_hit_says_that_ranks_or_deepspeed_just_set_do_not_run_the_stage_
     from tasks.common import _execution_note
 
     assert _execution_note({"num_processes": 1, "deepspeed": None}) == "" and _execution_note(None) == ""
+    assert _execution_note({"http": {"timeout_s": 60.0, "max_retries": 4}, "prompt_source": None}) == ""
     assert _execution_note({"num_processes": 2, "deepspeed": "zero3"}) == (
         "; deepspeed=zero3, num_processes=2 change how it runs, not what it makes, so they do not run it again")
 
@@ -171,7 +172,7 @@ def test_a_stage_that_fails_on_a_damaged_input_names_it_and_the_command_that_rep
     """A byte changed in a cached votes table: the next stage failed with "Corrupt snappy compressed data"."""
     import pytest
 
-    from tasks.common import DamagedArtifactError
+    from rlhf_core.artifacts import DamagedArtifactError
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     parent = Tracker(uri, "damaged").start_run("round", {})
