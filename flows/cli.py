@@ -160,11 +160,11 @@ def rounds(
     set_: list[str] = typer.Option([], "--set"),
 ):
     """Iterated RLHF: each round annotates the previous round's policy and improves it."""
-    from rlhf_core.config import check_iterated_exports
+    from rlhf_core.config import check_iterated_rounds
 
     cfg = _load(config, set_)
     with user_errors():
-        check_iterated_exports(cfg, n)  # before Prefect's local API starts
+        check_iterated_rounds(cfg, n)  # before Prefect's local API starts
         summaries = prepare_round(cfg).rlhf_rounds(config=cfg, n_rounds=n)
     for summary in summaries:
         print_summary(summary)

@@ -22,7 +22,7 @@ from flows.cli import load_round_config
 from flows.local_api import runs_on_local_api
 from flows.stages import HEAVY_STAGES
 from rlhf_core.artifacts import ArtifactRef, ArtifactStore
-from rlhf_core.config import (RESOLVED, ConfigError, RoundConfig, check_iterated_exports, config_digest, deep_merge,
+from rlhf_core.config import (RESOLVED, ConfigError, RoundConfig, check_iterated_rounds, config_digest, deep_merge,
                                parse_config, url_without_userinfo)
 from rlhf_core.annotation.importer import check_exports
 from rlhf_core.chat_completions import check_chat_server
@@ -31,7 +31,8 @@ from tasks.annotation import collect_annotations, import_annotations
 from tasks.common import RunContext, code_tags, lock_workdir, publish_markdown
 from tasks.evaluation import evaluate
 from tasks.generation import generate
-from tasks.iteration import stop_reason, training_pairs
+from tasks.iteration import (check_new_import, last_finished_round, record_finished_round, stop_reason,
+                             training_pairs)
 from tasks.promotion import (evaluation_against_champion, lineage_tags, promote, reward_model_tags,
                              starting_policy, tag_registered_policy)
 from tasks.sampling import sample_prompts
@@ -227,7 +228,9 @@ def rlhf_round(config: RoundConfig = RoundConfig(), stop_after: StageName | None
             model, PPO and evaluation (configs/demo.yaml holds these defaults; `rlhf schema` lists every key).
         stop_after: end the round after this stage; earlier stages come from the cache when they already
             ran with the same config. This is how one stage is run.
-        round_no: the round's number in an iterated run; round k > 1 samples new prompts (seed + k - 1).
+        round_no: the round's number in an iterated run; round k > 1 samples new prompts (seed + k - 1). With
+            iteration.continue_series (and none of round_no, start_policy, earlier_pairs given) the round is the
+            next of the last round of its name that finished in the workdir, with its pairs so far.
         start_policy: the policy artifact this round improves (the previous round's); empty = as
             iteration.start_from says (the SFT policy, or rlhf-policy@champion).
         config_path: a YAML config file (relative to the worker's directory, or under RLHF_ALLOWED_ROOTS)
@@ -244,10 +247,18 @@ def rlhf_round(config: RoundConfig = RoundConfig(), stop_after: StageName | None
     which rlhf-round/next-round's trigger turns into the next round.
     """
     config = checked_round_config(config, config_path, annotation_exports)
-    # one round at a time per workdir (its store, scratch and mlflow.db)
+    # one round at a time per workdir (its store, scratch, mlflow.db and finished-rounds record)
     with lock_workdir(config.workdir, note=flow_runs_note()) as left_by_killed:
+        follows = None  # the last finished round of this name, which this one continues (a scheduled round)
+        if config.iteration.continue_series and round_no == 1 and start_policy is None and earlier_pairs is None:
+            follows = last_finished_round(config.workdir, config.name)
+        if follows is not None:
+            round_no, earlier_pairs = follows["round_no"] + 1, follows["pairs"]
+            previous_round_run_id = previous_round_run_id or follows["mlflow_run_id"]
         summary = _run_stages(config, stop_after, round_no, start_policy, earlier_pairs, series_run_id,
-                              previous_round_run_id, left_by_killed) | {"stopped_after": stop_after}
+                              previous_round_run_id, left_by_killed, follows) | {"stopped_after": stop_after}
+        if stop_after is None:
+            record_finished_round(config.workdir, config.name, summary)
     if stop_after is None:
         emit_event(**round_completed(config, summary, subflow=flow_run.parent_flow_run_id is not None))
     return summary
@@ -255,7 +266,8 @@ def rlhf_round(config: RoundConfig = RoundConfig(), stop_after: StageName | None
 
 def _run_stages(config: RoundConfig, stop_after: StageName | None, round_no: int, start_policy: ArtifactRef | None,
                 earlier_pairs: ArtifactRef | None, series_run_id: str | None = None,
-                previous_round_run_id: str | None = None, left_by_killed: str = "") -> dict[str, Any]:
+                previous_round_run_id: str | None = None, left_by_killed: str = "",
+                follows: dict[str, Any] | None = None) -> dict[str, Any]:
     ctx = open_round(config, round_no, series_run_id=series_run_id, left_by_killed=left_by_killed)
     if previous_round_run_id:
         ctx.tracker.set_tags(ctx.parent_run_id, {"rlhf.previous_round.run_id": previous_round_run_id})
@@ -287,6 +299,8 @@ def _run_stages(config: RoundConfig, stop_after: StageName | None, round_no: int
                                                          out["generate"], simulated)):
             return finish_round(ctx, out)
         pairs = out["import_annotations"]  # what the reward models learn from: this round's pairs, or rounds 1..k's
+        if follows is not None:
+            check_new_import(follows, pairs)
         if (accumulated := training_pairs(ctx, config.iteration, pairs, earlier_pairs, round_no)) is not None:
             pairs = out["accumulate_pairs"] = accumulated
         inputs = out | {"pairs": pairs, "policy": policy}  # the heavy stages' inputs by name (flows/stages.py)
@@ -382,7 +396,7 @@ def rlhf_rounds(config: RoundConfig = RoundConfig(), n_rounds: int = 2,
     if n_rounds < 1:
         raise ValueError(f"n_rounds must be >= 1, got {n_rounds}")
     config = resolve_round_config(config, config_path)
-    check_iterated_exports(config, n_rounds)
+    check_iterated_rounds(config, n_rounds)
     # one rlhf-rounds at a time per workdir (its series run; each round still takes the round's lock)
     with lock_workdir(config.workdir, note=flow_runs_note(), name=".rounds.lock", what="rlhf-rounds"
                       ) as left_by_killed:

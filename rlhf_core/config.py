@@ -865,6 +865,12 @@ class IterationConfig(StrictModel):
         0.5, ge=0.0, description="iterated rounds stop after a round whose judged win rate (a tie half a win) "
         "against the round before is under this: Part II saw gains for 3-4 rounds, then a decline; null = never "
         "stop early; above 1 stops after round 2")
+    continue_series: bool = Field(
+        False, description="true = a round (rlhf-round, rlhf round) follows the last round of the same name that "
+        "finished in this workdir: it is numbered one more (round k samples new prompts with seed + k - 1) and learns "
+        "from the pairs of every round so far (iteration.pairs). A scheduled round needs it (rlhf-round/weekly): with "
+        "the same number every week it would sample the same prompts and, its policy not promoted, find every stage "
+        "in the cache. false = round 1 unless iterated rounds number it")
 
 
 class RoundConfig(StrictModel):
@@ -1042,10 +1048,14 @@ def apply_override(data: dict, item: str) -> None:
                           "a string") from None
 
 
-def check_iterated_exports(config: RoundConfig, n_rounds: int) -> None:
-    """Refuse iterated rounds over real annotation exports: every round would import the same files again, and
+def check_iterated_rounds(config: RoundConfig, n_rounds: int) -> None:
+    """Refuse iterated rounds with iteration.continue_series (they number their own rounds), and over real
+    annotation exports: every round would import the same files again, and
     the accumulated pairs would count each judgement once per round. Round k + 1 needs annotations of round k's
     responses, which only the annotators can give."""
+    if config.iteration.continue_series:
+        raise ConfigError("iteration.continue_series is for single rounds (a scheduled rlhf-round); rlhf-rounds "
+                          "numbers and chains its own rounds: set it false for rlhf-rounds")
     if n_rounds > 1 and config.annotation.exports:
         raise ConfigError(f"rlhf-rounds with annotation.exports would import the same {len(config.annotation.exports)} "
                          "export file(s) in every round: with real annotators run one round per export "

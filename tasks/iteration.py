@@ -5,23 +5,30 @@ reward model with its own pairs (`iteration.pairs: per_round`) or with the pairs
 (`accumulate`, as Llama 2 retrains its reward model on all the preference data so far). The rounds
 stop after one whose policy does not beat the round before's (`iteration.stop_min_win_rate`):
 Part II saw gains for 3-4 rounds, then a decline.
+
+A single round with `iteration.continue_series` (a scheduled one) follows the last round of its name that
+finished in its workdir, as round k + 1 of that series: `<workdir>/finished-rounds.json` records each name's
+last finished round (its number, the pairs so far, every import it learned from, its MLflow run).
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from rlhf_core.artifacts import ArtifactRef
-from rlhf_core.config import IterationConfig
+from rlhf_core.artifacts import ArtifactRef, ArtifactStore, atomic_write_text
+from rlhf_core.config import ConfigError, IterationConfig
 from rlhf_core.schemas import read_table, write_table
 from tasks.common import RunContext, StageRun, _stage_logger, run_stage
 from tasks.promotion import judged_win_rate
 
 ACCUMULATE_VERSION = "1"
+FINISHED_ROUNDS = "finished-rounds.json"  # in the workdir: each round name's last finished round
 
 
 def round_pairs(pairs: pd.DataFrame, round_no: int) -> pd.DataFrame:
@@ -76,3 +83,50 @@ def stop_reason(ctx: RunContext, cfg: IterationConfig, vs_previous: ArtifactRef)
     if reason:
         _stage_logger().warning("iterated rounds stop after this round: %s", reason)
     return reason
+
+
+def record_finished_round(workdir: str | Path, name: str, summary: dict[str, Any]) -> None:
+    """Note a round that ran to its end as its name's last finished round in `workdir` (atomically; the caller
+    holds the workdir's lock): what a round with iteration.continue_series follows."""
+    path = Path(workdir) / FINISHED_ROUNDS
+    rounds = json.loads(path.read_text()) if path.is_file() else {}
+    artifacts = summary["artifacts"]
+    earlier_imports = rounds.get(name, {}).get("imports", []) if summary["round_no"] > 1 else []
+    rounds[name] = {
+        "round_no": summary["round_no"],
+        "pairs": artifacts.get("accumulate_pairs", artifacts["import_annotations"]),  # the pairs so far
+        "imports": [*earlier_imports, artifacts["import_annotations"]["digest"]],
+        "policy": artifacts["ppo"],
+        "mlflow_run_id": summary["mlflow"]["run_id"],
+    }
+    atomic_write_text(path, json.dumps(rounds, indent=2))
+
+
+def last_finished_round(workdir: str | Path, name: str) -> dict[str, Any] | None:
+    """The last round named `name` that finished in `workdir` (record_finished_round's record), or None; its
+    pairs must still be in the store, as a later round accumulates them."""
+    path = Path(workdir) / FINISHED_ROUNDS
+    if not path.is_file():
+        return None
+    last = json.loads(path.read_text()).get(name)
+    if last is None:
+        return None
+    kind, digest = last["pairs"]["kind"], last["pairs"]["digest"]
+    try:
+        pairs = ArtifactStore(Path(workdir) / "artifacts").find(kind, digest)
+    except FileNotFoundError:
+        raise ConfigError(f"iteration.continue_series: the pairs of round {name} #{last['round_no']} ({kind} "
+                          f"{digest[:12]}) are no longer in {workdir}'s store, so the next round cannot learn from "
+                          f"them: restore them, or remove {name!r} from {path} to start the series again at round 1"
+                          ) from None
+    return last | {"pairs": pairs}
+
+
+def check_new_import(last: dict[str, Any], current: ArtifactRef) -> None:
+    """A continued series learns from new annotations each round: refuse a round whose imported pairs an earlier
+    round of the series already learned from (a fixed annotation.exports list: each round would add the same
+    judgements to the accumulated pairs once more)."""
+    if current.digest in last["imports"]:
+        raise ConfigError(f"iteration.continue_series: round #{last['round_no'] + 1} imports the same annotations as "
+                          f"an earlier round of the series ({current.path}); give it new annotation exports, or set "
+                          "iteration.continue_series false")

@@ -136,6 +136,7 @@ def test_every_deployment_config_in_prefect_yaml_is_valid_and_the_weekly_schedul
     # weekly's config is a file: a run given a partial `config` replaced the deployment's whole and lost the champion
     assert "config" not in deployments["weekly"]["parameters"]
     assert configs["weekly"].iteration.start_from == "champion" and "schedules" in deployments["weekly"]
+    assert configs["weekly"].iteration.continue_series  # else every week samples the same prompts as round 1
 
 
 def test_the_k8s_pool_refuses_a_misspelt_job_variable_and_runs_pods_that_can_write_the_shared_volume(prefect_api):

@@ -126,3 +126,59 @@ def test_a_round_stopped_after_evaluate_neither_judges_against_the_champion_nor_
     summary = rlhf_round(config=cfg, stop_after="evaluate")  # round 1 again, every stage from the cache
     assert summary["artifacts"]["evaluate"] == summaries[0]["artifacts"]["evaluate"]
     assert "evaluate_vs_champion" not in summary["artifacts"] and summary["promotion"] is None
+
+
+def test_a_continued_series_samples_anew_and_learns_from_every_round_so_far(prefect_api, tmp_path):
+    """A scheduled round (iteration.continue_series, rlhf-round/weekly) follows the last finished round of its name:
+    run twice with one config it is round 1, then round 2 with new prompts and the pairs of both rounds. Without it
+    the same config is round 1 again and finds every stage in the cache: a week that learns nothing."""
+    from flows.round import rlhf_round
+
+    first = rlhf_round(config=_config(tmp_path, "name=weekly", "iteration.continue_series=true"))
+    second = rlhf_round(config=_config(tmp_path, "name=weekly", "iteration.continue_series=true"))
+    assert (first["round_no"], second["round_no"]) == (1, 2)
+    assert second["artifacts"]["sample"] != first["artifacts"]["sample"]  # sampled with seed + 1
+    assert second["artifacts"]["ppo"] != first["artifacts"]["ppo"]
+    store = ArtifactStore(Path(tmp_path) / "artifacts")
+    n1, n2 = (store.manifest(_ref(r, "import_annotations")).metrics["annotation/n_pairs"] for r in (first, second))
+    pairs = read_table("comparisons", _ref(second, "accumulate_pairs").file("comparisons.parquet"))
+    assert pairs["round_no"].value_counts().to_dict() == {1: n1, 2: n2}
+    assert _inputs(store, second, "reward")["comparisons"] == second["artifacts"]["accumulate_pairs"]["digest"]
+    client = MlflowClient(first["mlflow"]["tracking_uri"])
+    runs = [client.get_run(r["mlflow"]["run_id"]) for r in (first, second)]
+    assert [r.info.run_name for r in runs] == ["round-weekly-1", "round-weekly-2"]
+    assert runs[1].data.tags["rlhf.previous_round.run_id"] == first["mlflow"]["run_id"]
+    # a round stopped after a stage is not a finished round: the series still continues from round 2
+    third = rlhf_round(config=_config(tmp_path, "name=weekly", "iteration.continue_series=true"), stop_after="sample")
+    assert third["round_no"] == 3
+    assert rlhf_round(config=_config(tmp_path, "name=weekly", "iteration.continue_series=true"),
+                      stop_after="sample")["round_no"] == 3
+    # the same config without continue_series: round 1 again, every stage from the cache
+    again = rlhf_round(config=_config(tmp_path, "name=weekly"))
+    assert again["round_no"] == 1 and again["artifacts"] == first["artifacts"]
+
+
+def test_a_continued_series_refuses_what_it_cannot_continue(tmp_path):
+    from rlhf_core.config import ConfigError, check_iterated_rounds
+    from tasks.iteration import FINISHED_ROUNDS, check_new_import, last_finished_round, record_finished_round
+
+    assert last_finished_round(tmp_path, "weekly") is None  # nothing finished yet: round 1
+    store = ArtifactStore(tmp_path / "artifacts")
+    with store.staging() as out:
+        (out / "comparisons.parquet").write_bytes(b"pairs")
+        pairs = store.commit(out, kind="comparisons", stage="import_annotations", stage_version="1", code_version="t",
+                             config={}, config_digest="c", inputs={}, cache_key="k")
+    ref = {"kind": pairs.kind, "digest": pairs.digest, "path": pairs.path}
+    summary = {"round_no": 1, "artifacts": {"import_annotations": ref, "ppo": ref}, "mlflow": {"run_id": "r1"}}
+    record_finished_round(tmp_path, "weekly", summary)
+    last = last_finished_round(tmp_path, "weekly")
+    assert (last["round_no"], last["pairs"], last["imports"]) == (1, pairs, [pairs.digest])
+    assert last_finished_round(tmp_path, "other") is None
+    with pytest.raises(ConfigError, match="imports the same annotations"):  # a fixed export list, run again
+        check_new_import(last, pairs)
+    check_new_import(last, ArtifactRef(kind="comparisons", digest="0" * 64, path="elsewhere"))
+    store.remove(pairs)
+    with pytest.raises(ConfigError, match=f"no longer in .*remove 'weekly' from .*{FINISHED_ROUNDS}"):
+        last_finished_round(tmp_path, "weekly")
+    with pytest.raises(ConfigError, match="continue_series is for single rounds"):
+        check_iterated_rounds(_config(tmp_path, "iteration.continue_series=true"), 2)

@@ -162,14 +162,14 @@ def test_export_names_the_watcher_announces_are_the_ones_the_importers_read():
 
 
 def test_a_round_over_real_exports_does_not_start_the_next_one_and_iterated_rounds_refuse_them(tmp_path):
-    from rlhf_core.config import ConfigError, check_iterated_exports
+    from rlhf_core.config import ConfigError, check_iterated_rounds
 
     simulated = load_config(ROOT / "configs" / "mini.yaml")
     real = load_config(ROOT / "configs" / "mini.yaml", overrides=[f"annotation.exports=[{tmp_path / 'batch-1.jsonl'}]"])
     assert round_completed(simulated, _summary(1, None), False)["resource"]["rlhf.next"] == "yes"
     # the next round would import the same file again: it waits for annotations of this round's responses
     assert round_completed(real, _summary(1, None), False)["resource"]["rlhf.next"] == "no"
-    check_iterated_exports(simulated, 3)
-    check_iterated_exports(real, 1)
+    check_iterated_rounds(simulated, 3)
+    check_iterated_rounds(real, 1)
     with pytest.raises(ConfigError, match="same 1 export file"):
-        check_iterated_exports(real, 2)
+        check_iterated_rounds(real, 2)
