@@ -140,17 +140,47 @@ def stage(
                                          "reward|ppo|evaluate"),
     config: Optional[Path] = typer.Option(None, help="YAML config; default: the embedded demo"),
     set_: list[str] = typer.Option([], "--set"),
+    input_: list[str] = typer.Option(
+        [], "--input", help="NAME=ARTIFACT: run this heavy stage (vote, denoise, reward, ppo, evaluate) alone on a "
+        "chosen input, as the rlhf-stage deployments do; ARTIFACT is kind:digest (a stage's MLflow tag rlhf.output), "
+        "a digest or an artifact directory; repeatable; inputs not given come from the round's cache"),
 ):
-    """Run the round up to and including one stage (earlier stages come from the cache)."""
+    """Run the round up to and including one stage (earlier stages come from the cache), or with --input one heavy
+    stage alone on chosen input artifacts."""
     from typing import get_args
 
     from flows.round import StageName
+    from flows.stages import HeavyStageName
 
     if name not in get_args(StageName):
         choices = ", ".join(get_args(StageName))
         console.print(f"[red]unknown stage {name!r}; choose one of {choices}[/red]", soft_wrap=True)
         raise typer.Exit(2)
-    _run(_load(config, set_), stop_after=name)
+    if not input_:
+        _run(_load(config, set_), stop_after=name)
+        return
+    if name not in get_args(HeavyStageName) or any("=" not in item for item in input_):
+        console.print(f"[red]--input runs one of {', '.join(get_args(HeavyStageName))} alone, each input given as "
+                      f"NAME=ARTIFACT (e.g. --input vote=votes:<digest>); got {name} {' '.join(input_)}[/red]",
+                      soft_wrap=True)
+        raise typer.Exit(2)
+    cfg = _load(config, set_)
+    inputs = dict(item.split("=", 1) for item in input_)
+    with user_errors():
+        prepare_round(cfg)  # imports flows.round, and with it flows.stages
+        from flows.stages import rlhf_stage
+
+        result = rlhf_stage(stage=name, inputs=inputs, config=cfg)
+    art = result["artifact"]
+    console.rule(f"Stage {name} alone: {art['kind']}:{art['digest'][:12]}")
+    table = Table("input", "artifact", title="Its inputs")
+    table.add_column("path", overflow="fold")
+    for input_name, ref in result["inputs"].items():
+        table.add_row(input_name, f"{ref['kind']}:{ref['digest'][:12]}", ref["path"])
+    console.print(table)
+    console.print(f"Output: {art['kind']}:{art['digest']} at {art['path']}", soft_wrap=True)
+    console.print(f"MLflow run: [bold]{result['mlflow']['run_id']}[/bold] in experiment "
+                  f"{result['mlflow']['experiment']!r} at {result['mlflow']['tracking_uri']}", soft_wrap=True)
 
 
 @app.command()

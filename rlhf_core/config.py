@@ -7,9 +7,11 @@ Defaults are the embedded demo (simulated world, tiny Qwen2 models, CPU, minutes
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import json
 import re
+import typing
 from pathlib import Path
 from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit, urlunsplit
@@ -948,12 +950,48 @@ SECRET_BEARING_KEYS = ("api_key_env", "secret_block")  # config keys a user may 
 URL_KEYS = ("base_url", "tracking_uri")  # URLs that may carry one (refused by no_credentials_in_url)
 
 
-def _format_errors(err: ValidationError, source: str) -> str:
+def _section_model(cls: type[BaseModel], loc: tuple) -> type[BaseModel] | None:
+    """The config section (a model class) at `loc` under `cls`, or None where `loc` leads elsewhere."""
+    for part in loc:
+        field = cls.model_fields.get(part) if isinstance(part, str) else None
+        if field is None:
+            return None
+        models = [t for t in (field.annotation, *typing.get_args(field.annotation))
+                  if isinstance(t, type) and issubclass(t, BaseModel)]
+        if not models:
+            return None
+        cls = models[0]
+    return cls
+
+
+def _all_keys(cls: type[BaseModel], prefix: str = "") -> list[str]:
+    """Every dotted key of `cls`'s sections (`ppo.policy_lr`, ...)."""
+    keys = []
+    for name in cls.model_fields:
+        keys.append(prefix + name)
+        if (section := _section_model(cls, (name,))) is not None:
+            keys += _all_keys(section, f"{prefix}{name}.")
+    return keys
+
+
+def did_you_mean(cls: type[BaseModel], loc: tuple) -> str:
+    """For an unknown key at `loc`: the same name in other sections (`policy_lr` at the top is `ppo.policy_lr`),
+    else the key of its own section it is closest to (`ppo.polcy_lr`); "" when nothing is close."""
+    name, section = str(loc[-1]), _section_model(cls, loc[:-1])
+    if elsewhere := [key for key in _all_keys(cls) if key.rsplit(".", 1)[-1] == name]:
+        return " or ".join(elsewhere[:3])
+    if section is not None and (close := difflib.get_close_matches(name, list(section.model_fields), n=1, cutoff=0.7)):
+        return ".".join([*map(str, loc[:-1]), close[0]])
+    return ""
+
+
+def _format_errors(err: ValidationError, source: str, cls: type[BaseModel]) -> str:
     lines = [f"invalid config {source}:"]
     for e in err.errors():
         key = ".".join(str(p) for p in e["loc"]) or "<root>"
         if e["type"] == "extra_forbidden":
-            lines.append(f"  {key}: unknown key (check the spelling; `rlhf schema` lists every key)")
+            hint = f"did you mean {suggestion}? " if (suggestion := did_you_mean(cls, e["loc"])) else ""
+            lines.append(f"  {key}: unknown key ({hint}check the spelling; `rlhf schema` lists every key)")
         elif not e["loc"] or (e["type"] == "value_error" and isinstance(e.get("input"), dict)):
             # a check across keys (the whole config's or a section's validator): its message names them
             lines.append(f"  {e['msg'].removeprefix('Value error, ')}")
@@ -987,7 +1025,7 @@ def parse_config(data: dict[str, Any] | None, cls: type[StrictModel] = RoundConf
     try:
         return cls.model_validate(data or {})
     except ValidationError as err:
-        raise ConfigError(_format_errors(err, source)) from None
+        raise ConfigError(_format_errors(err, source, cls)) from None
 
 
 def load_config(path: str | Path | None, cls: type[StrictModel] = RoundConfig, overrides: list[str] = ()):

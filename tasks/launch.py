@@ -84,7 +84,10 @@ def accelerate_command(module: str, args: list[str], num_processes: int, deepspe
             env["ACCELERATE_USE_CPU"] = "1"
         else:  # DeepSpeed refuses --cpu / ACCELERATE_USE_CPU: the worker asks for gloo (see ranks.start_ranks)
             env["RLHF_DIST_BACKEND"] = "gloo"
-    mode = ["--multi_gpu"] if ds_config is None else ["--use_deepspeed", "--deepspeed_config_file", str(ds_config)]
+    # zero3_init_flag false as infra/accelerate/zero3.yaml says (accelerate's default under ZeRO-3 is true): the
+    # workers load whole models and let the engines partition them
+    mode = ["--multi_gpu"] if ds_config is None else ["--use_deepspeed", "--deepspeed_config_file", str(ds_config),
+                                                       "--zero3_init_flag", "false"]
     argv = [accelerate, "launch", *mode, "--num_processes", str(num_processes), "--num_machines", "1",
             "--mixed_precision", "no", "--dynamo_backend", "no", *common, "-m", module, *args]
     return argv, env

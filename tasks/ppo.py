@@ -69,7 +69,6 @@ def train_on_ranks(cfg: PPOConfig, policy_dir: Path, reward_dir: Path, reward_ma
                          critic_init_dir=reward_dir, on_iteration=on_iteration, progress=True, ptx_examples=ptx,
                          gold_fn=gold_scores, checkpoint_dir=scratch)
     policy_out = scratch / "policy"
-    # no --progress: each refresh of a bar would be a line in the Prefect run log
     run_worker(WORKER, worker_args(cfg, policy_dir, reward_dir, reward_max_length, prompts, ptx, seed, scratch),
                cfg.num_processes, scratch / "worker.log", deepspeed=cfg.deepspeed)
     world_size = int((policy_out / "world_size.txt").read_text())
@@ -96,4 +95,4 @@ def worker_args(cfg: PPOConfig, policy_dir: Path, reward_dir: Path, reward_max_l
     return ["--policy-dir", str(policy_dir), "--reward-model", str(reward_dir), "--reward-max-length",
             str(reward_max_length), "--prompts", str(scratch / "prompts.parquet"), *ptx_args, "--config",
             str(scratch / "ppo.json"), "--seed", str(seed), "--checkpoint-dir", str(scratch), "--out",
-            str(scratch / "policy")]
+            str(scratch / "policy"), "--progress"]

@@ -70,14 +70,13 @@ def train_on_ranks(cfg: RewardConfig, policy_dir: Path, pairs: pd.DataFrame, see
     DeepSpeed when cfg.deepspeed) that leave the model and its metrics in `scratch`/model (rank 0 writes)."""
     if cfg.num_processes == 1 and cfg.deepspeed is None:
         return train_reward_model(policy_dir, pairs, cfg.train, seed=seed, progress=True, meta_samples=samples)
-    # no --progress: each refresh of a bar would be a line in the Prefect run log
     scratch.mkdir(parents=True, exist_ok=True)
     pairs.to_parquet(scratch / "pairs.parquet", index=False)
     (scratch / "train.json").write_text(cfg.train.model_dump_json())
     model_dir = scratch / "model"
     run_worker("rlhf_core.workers.train_reward",
                ["--init-dir", str(policy_dir), "--pairs", str(scratch / "pairs.parquet"), "--config",
-                str(scratch / "train.json"), "--seed", str(seed), "--out", str(model_dir)],
+                str(scratch / "train.json"), "--seed", str(seed), "--out", str(model_dir), "--progress"],
                cfg.num_processes, scratch / "worker.log", deepspeed=cfg.deepspeed)
     world_size = int((model_dir / "world_size.txt").read_text())
     if world_size != cfg.num_processes:

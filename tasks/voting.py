@@ -38,7 +38,8 @@ def vote_strength(ctx: RunContext, cfg: VotingConfig, comparisons: ArtifactRef, 
             pairs.to_parquet(run.scratch / "pairs.parquet", index=False)
             (run.scratch / "voting.json").write_text(cfg.model_dump_json())
             args = ["--init-dir", str(policy.path), "--pairs", str(run.scratch / "pairs.parquet"),
-                    "--config", str(run.scratch / "voting.json"), "--seed", str(seed), "--voter-dir", str(voter_dir)]
+                    "--config", str(run.scratch / "voting.json"), "--seed", str(seed), "--voter-dir", str(voter_dir),
+                    "--progress"]
             run_worker("rlhf_core.workers.vote", args, cfg.num_processes, run.scratch / "worker.log")
             world_size = int((voter_dir / "world_size.txt").read_text())
         votes, report = vote(policy.path, pairs, cfg, seed=seed, progress=True, voter_dir=voter_dir)

@@ -17,7 +17,21 @@ def test_unknown_key_is_named(tmp_path):
     path.write_text("ppo:\n  kl_coeff: 0.1\n")
     with pytest.raises(ConfigError) as err:
         load_config(path)
-    assert "ppo.kl_coeff: unknown key" in str(err.value)
+    assert "ppo.kl_coeff: unknown key (did you mean ppo.kl_coef?" in str(err.value)
+
+
+@pytest.mark.parametrize("key, suggestion", [
+    ("ppo.polcy_lr", "did you mean ppo.policy_lr?"),  # a misspelling: the closest key of its section
+    ("policy_lr", "did you mean ppo.policy_lr?"),  # a key of a section given at the top
+    ("ppo.n_models", "did you mean voting.n_models?"),  # ... or in another section
+    ("base_url", "did you mean sampling.tagger.base_url or evaluation.http.base_url?"),
+    ("evaluation.http.base_ur", "did you mean evaluation.http.base_url?"),  # in a nested section
+    ("zzz", "unknown key (check the spelling"),  # nothing close: no guess
+])
+def test_an_unknown_key_says_which_key_was_meant(key, suggestion):
+    with pytest.raises(ConfigError) as err:
+        load_config(None, overrides=[f"{key}=1"])
+    assert f"  {key}: unknown key (" in str(err.value) and suggestion in str(err.value)
 
 
 def test_wrong_type_names_key_and_expected_type(tmp_path):

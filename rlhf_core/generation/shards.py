@@ -27,7 +27,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
-from tqdm.auto import tqdm
+from rlhf_core.progress import progress_bar
 
 from rlhf_core.artifacts import atomic_write
 from rlhf_core.generation.generators import Generator, load_model, load_tokenizer
@@ -101,7 +101,7 @@ def generate_plan_shards(generators: list[Generator], prompts: pd.DataFrame, sha
     """Every generator's missing shards of this rank, one model loaded at a time, into shard_dir/<generator>/."""
     shard_dir = Path(shard_dir)
     work = _missing_work(generators, prompts, shard_dir, rank, world_size, shard_size)
-    bar = tqdm(total=sum(work.values()), desc="generate", unit="response", disable=not progress)
+    bar = progress_bar(total=sum(work.values()), desc="generate", unit="response", disable=not progress)
     for g in generators:
         if work[g.name] == 0:
             continue  # every shard of this generator is on disk: do not even load the model

@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from torch import nn
-from tqdm.auto import tqdm
+from rlhf_core.progress import progress_bar
 from transformers import AutoModel
 
 from rlhf_core.artifacts import atomic_write
@@ -408,7 +408,7 @@ def train_ppo(
     own_prompts = ranks.shard(cfg.rollout_prompts)
     k = cfg.responses_per_prompt
     own_rows = range(own_prompts.start * k, own_prompts.stop * k)  # a prompt's responses are consecutive rows
-    bar = tqdm(range(start, cfg.iterations), initial=start, total=cfg.iterations, disable=not progress, desc="ppo")
+    bar = progress_bar(range(start, cfg.iterations), initial=start, total=cfg.iterations, disable=not progress, desc="ppo")
     for it in bar:
         batch = next(batches)
         local = rollout(policy.full_model(), reference, critic.model, tokenizer, reward_fn,

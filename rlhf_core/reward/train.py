@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import torch
-from tqdm.auto import tqdm
+from rlhf_core.progress import progress_bar
 from transformers import PreTrainedTokenizerBase
 
 from rlhf_core import models
@@ -455,7 +455,7 @@ def train_reward_model(
         model, optimizer = deepspeed.prepare(model, optimizer)
 
     model.train()
-    bar = tqdm(total=total_steps, desc=f"reward seed={seed}", disable=not progress, leave=False)
+    bar = progress_bar(total=total_steps, desc=f"reward seed={seed}", disable=not progress, leave=False)
     step = 0
     for _ in range(cfg.epochs):
         epoch_loss, epoch_acc, epoch_extra = [], [], {}
@@ -482,7 +482,7 @@ def train_reward_model(
                 if name in metrics:
                     epoch_extra.setdefault(name, []).append(metrics[name])
             bar.update(1)
-            bar.set_postfix(loss=f"{epoch_loss[-1]:.3f}")
+            bar.set_postfix(loss=f"{epoch_loss[-1]:.3f}", refresh=False)
     bar.close()
     if deepspeed is not None:
         model = deepspeed.unwrap_model(model)

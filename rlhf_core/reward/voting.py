@@ -37,7 +37,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from tqdm.auto import tqdm
+from rlhf_core.progress import progress_bar
 
 import torch
 from torch import nn
@@ -138,7 +138,7 @@ def run_voters(init_dir: str | Path, pairs: pd.DataFrame, cfg: VotingConfig, see
                          "every fold must be left out by at least one voter")
     fold = fold_of_pairs(pairs["pair_id"], cfg.folds, seed) if out_of_fold else np.full(len(pairs), -1)
     mine = [k for k in range(rank, cfg.n_models, world_size) if not voter_path(voter_dir, k).exists()]
-    for k in tqdm(mine, desc="vote" if world_size == 1 else f"vote rank {rank}", unit="model", disable=not progress):
+    for k in progress_bar(mine, desc="vote" if world_size == 1 else f"vote rank {rank}", unit="model", disable=not progress):
         held_out = fold == (k % cfg.folds) if out_of_fold else np.ones(len(pairs), dtype=bool)  # (N,) scored by k
         train_pairs = pairs[~held_out] if out_of_fold else pairs
         model, tokenizer, metrics = train_reward_model(init_dir, train_pairs, cfg.train, model_seed(seed, k),
@@ -309,7 +309,7 @@ def shared_trunk_diffs(init_dir, pairs: pd.DataFrame, cfg: VotingConfig, seed: i
     encoded = encode_pairs(tokenizer, pairs, tcfg.max_length)  # once: every batch is padded from it
     lengths = encoded.batching_lengths(tcfg.share_prompt)
     voters.train()
-    bar = tqdm(total=total, desc="vote (shared trunk)", disable=not progress, leave=False)
+    bar = progress_bar(total=total, desc="vote (shared trunk)", disable=not progress, leave=False)
     for _ in range(tcfg.epochs):
         correct = np.zeros(cfg.n_models)  # this epoch's pairs ranked right, per head
         for rows in epoch_batches(len(pairs), tcfg, rng, lengths):  # tcfg.batching, as a faithful voter's

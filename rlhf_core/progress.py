@@ -1,0 +1,43 @@
+"""Progress bars for long work: tqdm on a terminal, a plain line every LOG_SECONDS elsewhere.
+
+Where stderr is not a terminal (a log file, a Prefect worker, a worker rank's pipe to the launcher, which copies
+each line into the Prefect run's log) a redraw every 0.1 s is a line every 0.1 s: the demo's log was 535 kB, most
+of it the SFT bar. There each refresh is written as its own line, at most one every LOG_SECONDS
+(RLHF_PROGRESS_SECONDS overrides it), and the last one when the bar closes.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import IO, Any
+
+from tqdm import tqdm
+
+LOG_SECONDS = 30.0
+
+
+class _Lines:
+    """A file for tqdm that writes each redraw as one line (tqdm redraws with a carriage return)."""
+
+    def __init__(self, stream: IO[str]):
+        self.stream = stream
+
+    def write(self, text: str) -> None:
+        text = text.replace("\r", "").strip()
+        if text:
+            self.stream.write(text + "\n")
+
+    def flush(self) -> None:
+        self.stream.flush()
+
+
+def progress_bar(iterable: Any = None, *, stream: IO[str] | None = None, **kwargs: Any) -> tqdm:
+    """tqdm(iterable, **kwargs) on a terminal; elsewhere the same bar as a line every LOG_SECONDS. Update its
+    postfix with refresh=False, or every update is a redraw whatever the interval."""
+    stream = stream or sys.stderr
+    if not stream.isatty():
+        seconds = float(os.environ.get("RLHF_PROGRESS_SECONDS", LOG_SECONDS))
+        kwargs = {"mininterval": seconds, "maxinterval": max(seconds, 10.0), "ncols": 100, "ascii": True,
+                  **kwargs, "file": _Lines(stream)}
+    return tqdm(iterable, **({"file": stream} | kwargs))
