@@ -257,7 +257,7 @@ def rlhf_round(config: RoundConfig = RoundConfig(), stop_after: StageName | None
             previous_round_run_id = previous_round_run_id or follows["mlflow_run_id"]
         summary = _run_stages(config, stop_after, round_no, start_policy, earlier_pairs, series_run_id,
                               previous_round_run_id, left_by_killed, follows) | {"stopped_after": stop_after}
-        if stop_after is None:
+        if stop_after is None and config.iteration.continue_series:
             record_finished_round(config.workdir, config.name, summary)
     if stop_after is None:
         emit_event(**round_completed(config, summary, subflow=flow_run.parent_flow_run_id is not None))

@@ -164,6 +164,9 @@ def rlhf_stage(stage: HeavyStageName = "denoise", inputs: dict[str, str] | None 
     from flows.round import checked_round_config, flow_runs_note, open_round  # the round imports this module
 
     config = checked_round_config(config, config_path)
+    if config.iteration.continue_series:  # its inputs would come from round k + 1, the stage run as round 1
+        raise ConfigError("rlhf-stage runs a stage of round 1 of its config, and iteration.continue_series makes the "
+                          "round that finds its inputs the series' next one: set it false for a stage run alone")
     store = ArtifactStore(Path(config.workdir).resolve() / "artifacts")
     refs = given_inputs(stage, config, inputs or {}, store)  # refused before any work
     if missing := [name for name in HEAVY_STAGES[stage].inputs_for(config) if name not in refs]:

@@ -872,7 +872,7 @@ class IterationConfig(StrictModel):
         "finished in this workdir: it is numbered one more (round k samples new prompts with seed + k - 1) and learns "
         "from the pairs of every round so far (iteration.pairs). A scheduled round needs it (rlhf-round/weekly): with "
         "the same number every week it would sample the same prompts and, its policy not promoted, find every stage "
-        "in the cache. false = round 1 unless iterated rounds number it")
+        "in the cache. false = round 1 unless iterated rounds number it; such a round leaves the series as it is")
 
 
 class RoundConfig(StrictModel):
@@ -956,6 +956,8 @@ def _section_model(cls: type[BaseModel], loc: tuple) -> type[BaseModel] | None:
         field = cls.model_fields.get(part) if isinstance(part, str) else None
         if field is None:
             return None
+        if typing.get_origin(field.annotation) in (tuple, list, dict):  # items, not a section
+            return None
         models = [t for t in (field.annotation, *typing.get_args(field.annotation))
                   if isinstance(t, type) and issubclass(t, BaseModel)]
         if not models:
@@ -975,14 +977,15 @@ def _all_keys(cls: type[BaseModel], prefix: str = "") -> list[str]:
 
 
 def did_you_mean(cls: type[BaseModel], loc: tuple) -> str:
-    """For an unknown key at `loc`: the same name in other sections (`policy_lr` at the top is `ppo.policy_lr`),
-    else the key of its own section it is closest to (`ppo.polcy_lr`); "" when nothing is close."""
+    """For an unknown key at `loc`: in a section, the key of that section it is closest to (`ppo.polcy_lr`), else
+    the same name in other sections (`ppo.n_models` is `voting.n_models`); at the top, a section's key of that name
+    first (`policy_lr` is `ppo.policy_lr`). "" when nothing is close (or the name is in more than 3 sections)."""
     name, section = str(loc[-1]), _section_model(cls, loc[:-1])
-    if elsewhere := [key for key in _all_keys(cls) if key.rsplit(".", 1)[-1] == name]:
-        return " or ".join(elsewhere[:3])
-    if section is not None and (close := difflib.get_close_matches(name, list(section.model_fields), n=1, cutoff=0.7)):
-        return ".".join([*map(str, loc[:-1]), close[0]])
-    return ""
+    close = difflib.get_close_matches(name, list(section.model_fields), n=1, cutoff=0.7) if section else []
+    own = ".".join([*map(str, loc[:-1]), close[0]]) if close else ""
+    elsewhere = [key for key in _all_keys(cls) if key.rsplit(".", 1)[-1] == name]
+    others = " or ".join(elsewhere) if 0 < len(elsewhere) <= 3 else ""
+    return (others or own) if len(loc) == 1 else (own or others)
 
 
 def _format_errors(err: ValidationError, source: str, cls: type[BaseModel]) -> str:

@@ -32,12 +32,21 @@ class _Lines:
         self.stream.flush()
 
 
+def log_seconds() -> float:
+    """RLHF_PROGRESS_SECONDS when it is a number > 0, else LOG_SECONDS."""
+    try:
+        seconds = float(os.environ.get("RLHF_PROGRESS_SECONDS", LOG_SECONDS))
+    except ValueError:
+        return LOG_SECONDS
+    return seconds if seconds > 0 else LOG_SECONDS
+
+
 def progress_bar(iterable: Any = None, *, stream: IO[str] | None = None, **kwargs: Any) -> tqdm:
     """tqdm(iterable, **kwargs) on a terminal; elsewhere the same bar as a line every LOG_SECONDS. Update its
     postfix with refresh=False, or every update is a redraw whatever the interval."""
     stream = stream or sys.stderr
     if not stream.isatty():
-        seconds = float(os.environ.get("RLHF_PROGRESS_SECONDS", LOG_SECONDS))
+        seconds = log_seconds()
         kwargs = {"mininterval": seconds, "maxinterval": max(seconds, 10.0), "ncols": 100, "ascii": True,
-                  **kwargs, "file": _Lines(stream)}
+                  **kwargs, "file": _Lines(stream), "leave": True}  # leave=False would end on a cleared line
     return tqdm(iterable, **({"file": stream} | kwargs))

@@ -7,8 +7,9 @@ stop after one whose policy does not beat the round before's (`iteration.stop_mi
 Part II saw gains for 3-4 rounds, then a decline.
 
 A single round with `iteration.continue_series` (a scheduled one) follows the last round of its name that
-finished in its workdir, as round k + 1 of that series: `<workdir>/finished-rounds.json` records each name's
-last finished round (its number, the pairs so far, every import it learned from, its MLflow run).
+finished in its workdir with the same setting, as round k + 1 of that series: `<workdir>/finished-rounds.json`
+records each series' last finished round (its number, the pairs so far, every import it learned from, its MLflow
+run); rounds without the setting neither follow nor change it.
 """
 
 from __future__ import annotations
@@ -86,10 +87,13 @@ def stop_reason(ctx: RunContext, cfg: IterationConfig, vs_previous: ArtifactRef)
 
 
 def record_finished_round(workdir: str | Path, name: str, summary: dict[str, Any]) -> None:
-    """Note a round that ran to its end as its name's last finished round in `workdir` (atomically; the caller
-    holds the workdir's lock): what a round with iteration.continue_series follows."""
+    """Note a round of a series (iteration.continue_series) that ran to its end as its name's last finished round in
+    `workdir` (atomically; the caller holds the workdir's lock): what the series' next round follows. A round
+    numbered at or below the one recorded (a late chained round) leaves the record as it is."""
     path = Path(workdir) / FINISHED_ROUNDS
     rounds = json.loads(path.read_text()) if path.is_file() else {}
+    if summary["round_no"] <= rounds.get(name, {}).get("round_no", 0):
+        return
     artifacts = summary["artifacts"]
     earlier_imports = rounds.get(name, {}).get("imports", []) if summary["round_no"] > 1 else []
     rounds[name] = {

@@ -27,6 +27,7 @@ def test_unknown_key_is_named(tmp_path):
     ("base_url", "did you mean sampling.tagger.base_url or evaluation.http.base_url?"),
     ("evaluation.http.base_ur", "did you mean evaluation.http.base_url?"),  # in a nested section
     ("zzz", "unknown key (check the spelling"),  # nothing close: no guess
+    ("temperature", "unknown key (check the spelling"),  # a field of list items is no section to suggest
 ])
 def test_an_unknown_key_says_which_key_was_meant(key, suggestion):
     with pytest.raises(ConfigError) as err:

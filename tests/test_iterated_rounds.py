@@ -156,6 +156,10 @@ def test_a_continued_series_samples_anew_and_learns_from_every_round_so_far(pref
     # the same config without continue_series: round 1 again, every stage from the cache
     again = rlhf_round(config=_config(tmp_path, "name=weekly"))
     assert again["round_no"] == 1 and again["artifacts"] == first["artifacts"]
+    # ... and it leaves the series where it was: the next scheduled round is round 3
+    from tasks.iteration import last_finished_round
+
+    assert last_finished_round(tmp_path, "weekly")["round_no"] == 2
 
 
 def test_a_continued_series_refuses_what_it_cannot_continue(tmp_path):
@@ -174,6 +178,8 @@ def test_a_continued_series_refuses_what_it_cannot_continue(tmp_path):
     last = last_finished_round(tmp_path, "weekly")
     assert (last["round_no"], last["pairs"], last["imports"]) == (1, pairs, [pairs.digest])
     assert last_finished_round(tmp_path, "other") is None
+    record_finished_round(tmp_path, "weekly", summary | {"round_no": 1, "mlflow": {"run_id": "late"}})
+    assert last_finished_round(tmp_path, "weekly")["mlflow_run_id"] == "r1"  # a round not after it: no change
     with pytest.raises(ConfigError, match="imports the same annotations"):  # a fixed export list, run again
         check_new_import(last, pairs)
     check_new_import(last, ArtifactRef(kind="comparisons", digest="0" * 64, path="elsewhere"))

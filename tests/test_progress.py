@@ -31,3 +31,12 @@ def test_on_a_terminal_a_bar_redraws_in_place():
     for _ in bar:
         pass
     assert screen.getvalue().count("\r") >= 3 and "ppo: 100%" in screen.getvalue()
+
+
+def test_off_a_terminal_a_bar_that_would_not_stay_still_writes_its_last_line(monkeypatch):
+    monkeypatch.setenv("RLHF_PROGRESS_SECONDS", "not a number")  # falls back to the default interval
+    log = io.StringIO()
+    bar = progress_bar(total=10, desc="reward", stream=log, leave=False)
+    bar.update(10)
+    bar.close()
+    assert log.getvalue().splitlines()[-1].startswith("reward: 100%")

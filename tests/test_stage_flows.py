@@ -156,3 +156,12 @@ def test_the_cli_runs_one_stage_alone_on_a_chosen_input(round_to_vote):
                           "reads a votes artifact as vote")):
         refused = CliRunner().invoke(app, bad)
         assert refused.exit_code == 2 and message in " ".join(refused.output.split()), refused.output
+
+
+def test_a_stage_alone_refuses_a_continued_series_config(round_to_vote):
+    from flows.stages import rlhf_stage
+
+    cfg, first = round_to_vote
+    series = cfg.model_copy(update={"iteration": cfg.iteration.model_copy(update={"continue_series": True})})
+    with pytest.raises(ConfigError, match="set it false for a stage run alone"):
+        rlhf_stage(stage="denoise", inputs={"vote": f"votes:{first['artifacts']['vote']['digest']}"}, config=series)
