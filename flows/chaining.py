@@ -24,6 +24,7 @@ import rlhf_core
 from rlhf_core.annotation.importer import is_export_name
 from rlhf_core.artifacts import atomic_write_text, sha256_file
 from rlhf_core.config import RoundConfig
+from tasks.iteration import pairs_so_far
 
 ROUND_COMPLETED = "rlhf.round.completed"
 EXPORTED = "rlhf.annotations.exported"
@@ -38,7 +39,7 @@ def round_completed(config: RoundConfig, summary: dict[str, Any], subflow: bool)
     rlhf-rounds, which chains its rounds itself). The payload holds the next round's parameters.
     """
     artifacts = summary["artifacts"]
-    pairs = artifacts.get("accumulate_pairs", artifacts["import_annotations"])
+    pairs = pairs_so_far(artifacts)
     return {
         "event": ROUND_COMPLETED,
         "resource": {

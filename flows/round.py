@@ -31,8 +31,8 @@ from tasks.annotation import collect_annotations, import_annotations
 from tasks.common import RunContext, code_tags, lock_workdir, publish_markdown
 from tasks.evaluation import evaluate
 from tasks.generation import generate
-from tasks.iteration import (check_new_import, last_finished_round, record_finished_round, stop_reason,
-                             training_pairs)
+from tasks.iteration import (check_new_import, last_finished_round, pairs_so_far, record_finished_round,
+                             stop_reason, training_pairs)
 from tasks.promotion import (evaluation_against_champion, lineage_tags, promote, reward_model_tags,
                              starting_policy, tag_registered_policy)
 from tasks.sampling import sample_prompts
@@ -421,8 +421,7 @@ def _run_series(config: RoundConfig, n_rounds: int, left_by_killed: str = "") ->
                                          summary["stop"])
                 break
             start = ArtifactRef(**summary["artifacts"]["ppo"])
-            artifacts = summary["artifacts"]
-            pairs = ArtifactRef(**artifacts.get("accumulate_pairs", artifacts["import_annotations"]))
+            pairs = ArtifactRef(**pairs_so_far(summary["artifacts"]))
     except BaseException:
         tracker.end_run(series, status="FAILED")
         raise

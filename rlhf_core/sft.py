@@ -17,12 +17,12 @@ import time
 import numpy as np
 import pandas as pd
 import torch
-from rlhf_core.progress import progress_bar
 from transformers import PreTrainedTokenizerBase
 
 from rlhf_core.config import SFTConfig
 from rlhf_core.models import format_query
 from rlhf_core.ops import logprobs_from_logits
+from rlhf_core.progress import progress_bar
 
 IGNORE_INDEX = -100  # label of positions the loss skips (the query, padding)
 WARMUP_FRACTION = 0.05  # of the steps, linear warmup from 0

@@ -57,7 +57,8 @@ def generate(ctx: RunContext, cfg: GenerationConfig, sampled: ArtifactRef, polic
         (scratch / "generation.json").write_text(cfg.model_dump_json())
         save_generators(generators, scratch / "generators.json")
         args = ["--generators", str(scratch / "generators.json"), "--prompts", str(scratch / "prompts.parquet"),
-                "--config", str(scratch / "generation.json"), "--seed", str(seed), "--shard-dir", str(shard_dir), "--progress"]
+                "--config", str(scratch / "generation.json"), "--seed", str(seed), "--shard-dir", str(shard_dir),
+                "--progress"]
         run_worker("rlhf_core.workers.generate", args, cfg.num_processes, scratch / "worker.log")
         return int((shard_dir / "world_size.txt").read_text())
 

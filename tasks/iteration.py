@@ -86,6 +86,12 @@ def stop_reason(ctx: RunContext, cfg: IterationConfig, vs_previous: ArtifactRef)
     return reason
 
 
+def pairs_so_far(artifacts: dict[str, Any]) -> dict[str, Any]:
+    """The pairs a finished round's reward model learned from, from its summary's artifacts: the accumulation of
+    rounds 1..k, or its own pairs (round 1, or iteration.pairs: per_round). What the next round accumulates onto."""
+    return artifacts.get("accumulate_pairs", artifacts["import_annotations"])
+
+
 def record_finished_round(workdir: str | Path, name: str, summary: dict[str, Any]) -> None:
     """Note a round of a series (iteration.continue_series) that ran to its end as its name's last finished round in
     `workdir` (atomically; the caller holds the workdir's lock): what the series' next round follows. A round
@@ -95,10 +101,10 @@ def record_finished_round(workdir: str | Path, name: str, summary: dict[str, Any
     if summary["round_no"] <= rounds.get(name, {}).get("round_no", 0):
         return
     artifacts = summary["artifacts"]
-    earlier_imports = rounds.get(name, {}).get("imports", []) if summary["round_no"] > 1 else []
+    earlier_imports = rounds.get(name, {}).get("imports", [])
     rounds[name] = {
         "round_no": summary["round_no"],
-        "pairs": artifacts.get("accumulate_pairs", artifacts["import_annotations"]),  # the pairs so far
+        "pairs": pairs_so_far(artifacts),
         "imports": [*earlier_imports, artifacts["import_annotations"]["digest"]],
         "policy": artifacts["ppo"],
         "mlflow_run_id": summary["mlflow"]["run_id"],

@@ -27,11 +27,11 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
-from rlhf_core.progress import progress_bar
 
 from rlhf_core.artifacts import atomic_write
 from rlhf_core.generation.generators import Generator, load_model, load_tokenizer
 from rlhf_core.generation.plan import dedupe, generate_responses, stable_seed
+from rlhf_core.progress import progress_bar
 
 REPORT_KEY = b"rlhf.shard_report"  # Parquet schema-metadata key holding the shard's report (JSON)
 REPORT_SUMS = ("tokens", "seconds", "n_generated", "duplicates_removed", "n_responses", "n_prompts")

@@ -27,7 +27,6 @@ from pathlib import Path
 import numpy as np
 import torch
 from torch import nn
-from rlhf_core.progress import progress_bar
 from transformers import AutoModel
 
 from rlhf_core.artifacts import atomic_write
@@ -48,6 +47,7 @@ from rlhf_core.ppo.core import (
     token_rewards,
     value_loss,
 )
+from rlhf_core.progress import progress_bar
 from rlhf_core.sft import collate, encode_example
 
 RewardFn = Callable[[list[str], list[str]], torch.Tensor]  # (prompts, responses) -> scores (B,)
@@ -408,7 +408,8 @@ def train_ppo(
     own_prompts = ranks.shard(cfg.rollout_prompts)
     k = cfg.responses_per_prompt
     own_rows = range(own_prompts.start * k, own_prompts.stop * k)  # a prompt's responses are consecutive rows
-    bar = progress_bar(range(start, cfg.iterations), initial=start, total=cfg.iterations, disable=not progress, desc="ppo")
+    bar = progress_bar(range(start, cfg.iterations), initial=start, total=cfg.iterations, disable=not progress,
+                       desc="ppo")
     for it in bar:
         batch = next(batches)
         local = rollout(policy.full_model(), reference, critic.model, tokenizer, reward_fn,

@@ -10,11 +10,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import torch
-from rlhf_core.progress import progress_bar
 from transformers import PreTrainedTokenizerBase
 
 from rlhf_core import models
 from rlhf_core.config import REWARD_DATA_PARALLEL_LIMITS, RewardTrainConfig
+from rlhf_core.progress import progress_bar
 from rlhf_core.reward.losses import (
     contrastive_samples,
     difference_loss,

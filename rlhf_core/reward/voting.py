@@ -37,7 +37,6 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from rlhf_core.progress import progress_bar
 
 import torch
 from torch import nn
@@ -45,6 +44,7 @@ from torch import nn
 from rlhf_core import models
 from rlhf_core.artifacts import atomic_write, atomic_write_text
 from rlhf_core.config import VotingConfig
+from rlhf_core.progress import progress_bar
 from rlhf_core.reward.losses import bradley_terry_terms, smooth_labels
 from rlhf_core.reward.model import RewardModel
 from rlhf_core.reward.train import (_optional_column, encode_pairs, epoch_batches, pair_reward_diffs, training_batch,
@@ -138,7 +138,8 @@ def run_voters(init_dir: str | Path, pairs: pd.DataFrame, cfg: VotingConfig, see
                          "every fold must be left out by at least one voter")
     fold = fold_of_pairs(pairs["pair_id"], cfg.folds, seed) if out_of_fold else np.full(len(pairs), -1)
     mine = [k for k in range(rank, cfg.n_models, world_size) if not voter_path(voter_dir, k).exists()]
-    for k in progress_bar(mine, desc="vote" if world_size == 1 else f"vote rank {rank}", unit="model", disable=not progress):
+    for k in progress_bar(mine, desc="vote" if world_size == 1 else f"vote rank {rank}", unit="model",
+                          disable=not progress):
         held_out = fold == (k % cfg.folds) if out_of_fold else np.ones(len(pairs), dtype=bool)  # (N,) scored by k
         train_pairs = pairs[~held_out] if out_of_fold else pairs
         model, tokenizer, metrics = train_reward_model(init_dir, train_pairs, cfg.train, model_seed(seed, k),

