@@ -31,8 +31,8 @@ from tasks.annotation import collect_annotations, import_annotations
 from tasks.common import RunContext, code_tags, lock_workdir, publish_markdown
 from tasks.evaluation import evaluate
 from tasks.generation import generate
-from tasks.iteration import (check_new_import, last_finished_round, pairs_so_far, record_finished_round,
-                             stop_reason, training_pairs)
+from tasks.iteration import (FinishedRound, check_new_import, last_finished_round, pairs_so_far,
+                             record_finished_round, stop_reason, training_pairs)
 from tasks.promotion import (evaluation_against_champion, lineage_tags, promote, reward_model_tags,
                              starting_policy, tag_registered_policy)
 from tasks.sampling import sample_prompts
@@ -253,8 +253,8 @@ def rlhf_round(config: RoundConfig = RoundConfig(), stop_after: StageName | None
         if config.iteration.continue_series and round_no == 1 and start_policy is None and earlier_pairs is None:
             follows = last_finished_round(config.workdir, config.name)
         if follows is not None:
-            round_no, earlier_pairs = follows["round_no"] + 1, follows["pairs"]
-            previous_round_run_id = previous_round_run_id or follows["mlflow_run_id"]
+            round_no, earlier_pairs = follows.round_no + 1, follows.pairs
+            previous_round_run_id = previous_round_run_id or follows.mlflow_run_id
         summary = _run_stages(config, stop_after, round_no, start_policy, earlier_pairs, series_run_id,
                               previous_round_run_id, left_by_killed, follows) | {"stopped_after": stop_after}
         if stop_after is None and config.iteration.continue_series:
@@ -267,7 +267,7 @@ def rlhf_round(config: RoundConfig = RoundConfig(), stop_after: StageName | None
 def _run_stages(config: RoundConfig, stop_after: StageName | None, round_no: int, start_policy: ArtifactRef | None,
                 earlier_pairs: ArtifactRef | None, series_run_id: str | None = None,
                 previous_round_run_id: str | None = None, left_by_killed: str = "",
-                follows: dict[str, Any] | None = None) -> dict[str, Any]:
+                follows: FinishedRound | None = None) -> dict[str, Any]:
     ctx = open_round(config, round_no, series_run_id=series_run_id, left_by_killed=left_by_killed)
     if previous_round_run_id:
         ctx.tracker.set_tags(ctx.parent_run_id, {"rlhf.previous_round.run_id": previous_round_run_id})
@@ -295,12 +295,12 @@ def _run_stages(config: RoundConfig, stop_after: StageName | None, round_no: int
             return finish_round(ctx, out)
         if done("annotators", collect_annotations(ctx, config.annotation, config.world, out["generate"], seed)):
             return finish_round(ctx, out)
+        if follows is not None:
+            check_new_import(follows, ctx.store, out["annotators"])
         if done("import_annotations", import_annotations(ctx, config.annotation, out["annotators"],
                                                          out["generate"], simulated)):
             return finish_round(ctx, out)
         pairs = out["import_annotations"]  # what the reward models learn from: this round's pairs, or rounds 1..k's
-        if follows is not None:
-            check_new_import(follows, pairs)
         if (accumulated := training_pairs(ctx, config.iteration, pairs, earlier_pairs, round_no)) is not None:
             pairs = out["accumulate_pairs"] = accumulated
         inputs = out | {"pairs": pairs, "policy": policy}  # the heavy stages' inputs by name (flows/stages.py)

@@ -243,15 +243,25 @@ class ArtifactStore:
         atomic_write_text(self.root / "cache" / f"{cache_key}.json", ref.model_dump_json())
         return ref
 
+    def _entry_ref(self, entry: Path) -> ArtifactRef:
+        """The artifact a cache entry names, in this store: a workdir copied or moved elsewhere serves its own copies,
+        not the files at the path the entry was written with."""
+        ref = ArtifactRef.model_validate_json(entry.read_text())
+        return ref.model_copy(update={"path": str(self.root / ref.kind / ref.digest)})
+
     def lookup(self, key: str) -> ArtifactRef | None:
         """The artifact a finished stage execution with this cache key produced, if it is intact (its manifest and
         every file it lists there, nothing else: a cheap check; `damage(ref)` hashes every byte)."""
         entry = self.root / "cache" / f"{key}.json"
         if not entry.is_file():
             return None
-        ref = ArtifactRef.model_validate_json(entry.read_text())
+        ref = self._entry_ref(entry)
         if self.damage(ref, hash_files=False):  # a manifest gone or unreadable, or files gone or added
             return None
+        try:  # the entry's time is when the execution last ran or was served: what `unreferenced` keeps recent work by
+            os.utime(entry)
+        except OSError:  # a store read, not written (another user's, a read-only mount): nothing to note
+            pass
         return ref
 
     def manifest(self, ref: ArtifactRef) -> Manifest:
@@ -285,7 +295,7 @@ class ArtifactStore:
         made it run again; their figures stay. Returns how many cache entries went. Call it only while no other
         process uses this store (a round holds its workdir's lock)."""
         entries = [e for e in (self.root / "cache").glob("*.json")
-                   if ArtifactRef.model_validate_json(e.read_text()).path == ref.path]
+                   if (entry := self._entry_ref(e)).kind == ref.kind and entry.digest == ref.digest]
         for entry in entries:  # first: a cache entry never points at a half-deleted artifact
             entry.unlink()
         self._discard(Path(ref.path))
@@ -314,11 +324,48 @@ class ArtifactStore:
     def dangling_cache_entries(self) -> list[Path]:
         """Cache entries whose artifact is gone (e.g. deleted by hand): lookups treat them as misses."""
         entries = sorted((self.root / "cache").glob("*.json"))
-        return [e for e in entries if not (Path(ArtifactRef.model_validate_json(e.read_text()).path) / MANIFEST).is_file()]
+        return [e for e in entries if not (Path(self._entry_ref(e).path) / MANIFEST).is_file()]
 
     def artifacts(self, kind: str) -> list[ArtifactRef]:
         """Every committed artifact of `kind`, in digest order."""
         return [self.find(kind, d.name) for d in sorted((self.root / kind).glob("*")) if (d / MANIFEST).is_file()]
+
+    def unreferenced(self, roots: list[ArtifactRef], used_since: float
+                     ) -> tuple[list[ArtifactRef], list[ArtifactRef]]:
+        """What a garbage collection may delete: every artifact that is neither kept nor upstream of a kept one, the
+        kept being `roots` and every artifact committed, or made or served by a cache lookup, at or after `used_since`
+        (a Unix time). Returns (unreferenced, unreadable): an artifact whose manifest cannot be read is never called
+        unreferenced (its inputs are unknown); `rlhf verify --remove` deals with it."""
+        used: dict[tuple[str, str], float] = {}  # (digest, kind) -> when a cache entry of it was last written or used
+        for entry in (self.root / "cache").glob("*.json"):
+            try:
+                ref = self._entry_ref(entry)
+            except (OSError, ValueError):
+                continue
+            used[ref.digest, ref.kind] = max(used.get((ref.digest, ref.kind), 0.0), entry.stat().st_mtime)
+        manifests, unreadable = {}, []
+        for ref in self.committed():
+            try:
+                manifests[ref.digest, ref.kind] = self.manifest(ref)
+            except (OSError, ValueError):
+                unreadable.append(ref)
+        recent = [key for key, m in manifests.items() if max(m.created_at, used.get(key, 0.0)) >= used_since]
+        kept: set[tuple[str, str]] = set()
+        todo = [(r.digest, r.kind) for r in roots] + recent
+        while todo:  # the kept artifacts' lineage, through inputs the store holds
+            key = todo.pop()
+            if key in kept:
+                continue
+            kept.add(key)
+            if key in manifests:
+                todo += [(i.digest, i.kind) for i in manifests[key].inputs]
+        garbage = [self.find(kind, digest) for (digest, kind) in manifests if (digest, kind) not in kept]
+        return sorted(garbage, key=lambda r: (r.kind, r.digest)), unreadable
+
+    def orphan_figures(self) -> list[Path]:
+        """Figure directories (plots/<cache key>) whose cache entry is gone: nothing shows them again."""
+        return [d for d in sorted((self.root / "plots").glob("*"))
+                if d.is_dir() and not (self.root / "cache" / f"{d.name}.json").is_file()]
 
     def lineage(self, ref: ArtifactRef) -> list[Manifest]:
         """This artifact's manifest and every upstream manifest, walking input digests (depth first)."""

@@ -8,8 +8,8 @@ Part II saw gains for 3-4 rounds, then a decline.
 
 A single round with `iteration.continue_series` (a scheduled one) follows the last round of its name that
 finished in its workdir with the same setting, as round k + 1 of that series: `<workdir>/finished-rounds.json`
-records each series' last finished round (its number, the pairs so far, every import it learned from, its MLflow
-run); rounds without the setting neither follow nor change it.
+records each series' last finished round (its number, the pairs so far, every annotation export it learned from,
+its policy and MLflow run); rounds without the setting neither follow nor change it.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from typing import Any
 import pandas as pd
 from prefect import task
 from prefect.cache_policies import NO_CACHE
+from pydantic import BaseModel, Field, TypeAdapter, ValidationError
 
 from rlhf_core.artifacts import ArtifactRef, ArtifactStore, atomic_write_text
 from rlhf_core.config import ConfigError, IterationConfig
@@ -92,51 +93,87 @@ def pairs_so_far(artifacts: dict[str, Any]) -> dict[str, Any]:
     return artifacts.get("accumulate_pairs", artifacts["import_annotations"])
 
 
+class FinishedRound(BaseModel):
+    """A series' last finished round, as `<workdir>/finished-rounds.json` keeps it under the round's name."""
+
+    round_no: int = Field(ge=1)
+    pairs: ArtifactRef  # the pairs its reward model learned from (rounds 1..k): what round k + 1 accumulates onto
+    exports: dict[str, str] = {}  # sha256 -> file name of every annotation export the series imported
+    policy: ArtifactRef
+    mlflow_run_id: str
+
+
+def finished_rounds(workdir: str | Path) -> dict[str, FinishedRound]:
+    """The workdir's record of finished series rounds; a record that is not JSON of FinishedRound's shape (edited
+    by hand, written by a foreign tool) is a ConfigError naming the file and the entry, not a KeyError mid-round."""
+    path = Path(workdir) / FINISHED_ROUNDS
+    if not path.is_file():
+        return {}
+    try:
+        rounds = TypeAdapter(dict[str, FinishedRound]).validate_json(path.read_text())
+    except (OSError, ValueError) as err:
+        first = err.errors()[0] if isinstance(err, ValidationError) else None
+        where = (f" (at {'.'.join(map(str, first['loc']))}: {first['msg']})" if first
+                 else f" ({type(err).__name__}: {err})")
+        raise ConfigError(f"iteration.continue_series: {path} is not a record of finished rounds{where}; restore it, "
+                          f"or remove it (or the damaged entry) to start those series again at round 1") from None
+    return rounds
+
+
+def export_files(store: ArtifactStore, export: ArtifactRef) -> dict[str, str]:
+    """sha256 -> file name of each annotation export an annotators artifact holds (its `exports/` copies, hashed in
+    its manifest: the user's files byte for byte, or the simulated crowd's export)."""
+    files = store.manifest(export).files
+    return {sha: rel.removeprefix("exports/") for rel, sha in files.items() if rel.startswith("exports/")}
+
+
 def record_finished_round(workdir: str | Path, name: str, summary: dict[str, Any]) -> None:
     """Note a round of a series (iteration.continue_series) that ran to its end as its name's last finished round in
     `workdir` (atomically; the caller holds the workdir's lock): what the series' next round follows. A round
     numbered at or below the one recorded (a late chained round) leaves the record as it is."""
-    path = Path(workdir) / FINISHED_ROUNDS
-    rounds = json.loads(path.read_text()) if path.is_file() else {}
-    if summary["round_no"] <= rounds.get(name, {}).get("round_no", 0):
+    rounds = finished_rounds(workdir)
+    last = rounds.get(name)
+    if last is not None and summary["round_no"] <= last.round_no:
         return
     artifacts = summary["artifacts"]
-    earlier_imports = rounds.get(name, {}).get("imports", [])
-    rounds[name] = {
-        "round_no": summary["round_no"],
-        "pairs": pairs_so_far(artifacts),
-        "imports": [*earlier_imports, artifacts["import_annotations"]["digest"]],
-        "policy": artifacts["ppo"],
-        "mlflow_run_id": summary["mlflow"]["run_id"],
-    }
-    atomic_write_text(path, json.dumps(rounds, indent=2))
+    store = ArtifactStore(Path(workdir) / "artifacts")
+    exports = export_files(store, ArtifactRef(**artifacts["annotators"]))
+    rounds[name] = FinishedRound(
+        round_no=summary["round_no"],
+        pairs=ArtifactRef(**pairs_so_far(artifacts)),
+        exports=(last.exports if last else {}) | exports,
+        policy=ArtifactRef(**artifacts["ppo"]),
+        mlflow_run_id=summary["mlflow"]["run_id"],
+    )
+    record = {n: r.model_dump(mode="json") for n, r in rounds.items()}
+    atomic_write_text(Path(workdir) / FINISHED_ROUNDS, json.dumps(record, indent=2))
 
 
-def last_finished_round(workdir: str | Path, name: str) -> dict[str, Any] | None:
+def last_finished_round(workdir: str | Path, name: str) -> FinishedRound | None:
     """The last round named `name` that finished in `workdir` (record_finished_round's record), or None; its
     pairs must still be in the store, as a later round accumulates them."""
-    path = Path(workdir) / FINISHED_ROUNDS
-    if not path.is_file():
-        return None
-    last = json.loads(path.read_text()).get(name)
+    last = finished_rounds(workdir).get(name)
     if last is None:
         return None
-    kind, digest = last["pairs"]["kind"], last["pairs"]["digest"]
+    kind, digest = last.pairs.kind, last.pairs.digest
     try:
         pairs = ArtifactStore(Path(workdir) / "artifacts").find(kind, digest)
     except FileNotFoundError:
-        raise ConfigError(f"iteration.continue_series: the pairs of round {name} #{last['round_no']} ({kind} "
+        raise ConfigError(f"iteration.continue_series: the pairs of round {name} #{last.round_no} ({kind} "
                           f"{digest[:12]}) are no longer in {workdir}'s store, so the next round cannot learn from "
-                          f"them: restore them, or remove {name!r} from {path} to start the series again at round 1"
-                          ) from None
-    return last | {"pairs": pairs}
+                          f"them: restore them, or remove {name!r} from {Path(workdir) / FINISHED_ROUNDS} to start "
+                          "the series again at round 1") from None
+    return last.model_copy(update={"pairs": pairs})
 
 
-def check_new_import(last: dict[str, Any], current: ArtifactRef) -> None:
-    """A continued series learns from new annotations each round: refuse a round whose imported pairs an earlier
-    round of the series already learned from (a fixed annotation.exports list: each round would add the same
-    judgements to the accumulated pairs once more)."""
-    if current.digest in last["imports"]:
-        raise ConfigError(f"iteration.continue_series: round #{last['round_no'] + 1} imports the same annotations as "
-                          f"an earlier round of the series ({current.path}); give it new annotation exports, or set "
-                          "iteration.continue_series false")
+def check_new_import(last: FinishedRound, store: ArtifactStore, export: ArtifactRef) -> None:
+    """A continued series learns from new annotations each round: refuse a round that imports an export file an
+    earlier round of the series already learned from (the same bytes under any name: a fixed annotation.exports
+    list, or last week's file left in this week's list), before it is imported: each such round would add the
+    same judgements to the accumulated pairs once more."""
+    again = {sha: name for sha, name in export_files(store, export).items() if sha in last.exports}
+    if again:
+        files = ", ".join(f"{name} (as {last.exports[sha]})" for sha, name in sorted(again.items(), key=lambda x: x[1]))
+        raise ConfigError(f"iteration.continue_series: round #{last.round_no + 1} imports annotations an earlier "
+                          f"round of the series already learned from: {files}; give it only new annotation exports, "
+                          "or set iteration.continue_series false")

@@ -193,3 +193,54 @@ def test_an_artifact_whose_path_order_is_not_string_order_verifies_and_an_edited
     manifest["files"]["a-c.txt"] = content_digest(root)[1]["a-c.txt"]  # the manifest edited to match
     (root / "manifest.json").write_text(json.dumps(manifest))
     assert store.damage(ref) == [f"manifest.json does not hash to digest {ref.digest[:12]} (edited?)"]
+
+
+def test_a_moved_store_serves_its_own_copies(tmp_path):
+    """Cache entries name an artifact by kind and digest: a workdir copied or moved elsewhere reads and removes its
+    own copies, not the files at the path it was committed under (gone, or another workdir's)."""
+    store = ArtifactStore(tmp_path / "here")
+    with store.staging() as staged:
+        (staged / "x.txt").write_text("x")
+        ref = _commit(store, staged, key="k")
+    os.rename(tmp_path / "here", tmp_path / "there")
+    moved = ArtifactStore(tmp_path / "there")
+    found = moved.lookup("k")
+    assert found.path == str((tmp_path / "there" / "prompts" / ref.digest).resolve()) and moved.verify(found)
+    assert moved.dangling_cache_entries() == []
+    assert moved.remove(found) == 1 and moved.lookup("k") is None and moved.committed() == []
+
+
+def test_unreferenced_is_what_nothing_recent_or_kept_was_made_from(tmp_path):
+    """A garbage collection's plan: kept are the roots given, whatever was committed or served from the cache since
+    a time, and the lineage of both; an artifact whose manifest cannot be read is never collected."""
+    import time
+
+    store = ArtifactStore(tmp_path / "store")
+
+    def commit(name: str, key: str, inputs=None):
+        with store.staging() as staged:
+            (staged / "x.txt").write_text(name)
+            return _commit(store, staged, kind=name.rstrip("0123456789"), inputs=inputs, key=key)
+
+    world = commit("world", "k-world")
+    stale = commit("votes1", "k-stale", {"world": world})  # an old execution nothing uses now
+    head_input = commit("comparisons", "k-pairs")
+    head = commit("policy1", "k-head", {"pairs": head_input})  # a series' head: a root, however old
+    served = commit("votes2", "k-served")
+    broken = commit("votes3", "k-broken")
+    (tmp_path / "store" / "votes" / broken.digest / "manifest.json").write_text("{")
+    time.sleep(0.05)
+    since = time.time()
+    time.sleep(0.05)
+    assert store.lookup("k-served") == served  # a cache hit is a use
+    recent = commit("policy2", "k-recent", {"world": world})  # made now, from the old world
+    garbage, unreadable = store.unreferenced([head], used_since=since)
+    assert garbage == [stale] and unreadable == [broken]
+    assert {r.digest for r in store.committed()} - {stale.digest} == {
+        r.digest for r in (world, head_input, head, served, broken, recent)}
+    garbage, _ = store.unreferenced([], used_since=time.time() + 1)  # nothing recent, no roots
+    assert garbage == sorted([world, stale, head_input, head, served, recent], key=lambda r: (r.kind, r.digest))
+    (tmp_path / "store" / "plots" / "k-stale").mkdir(parents=True)
+    (tmp_path / "store" / "plots" / "k-head").mkdir()
+    store.remove(stale)
+    assert store.orphan_figures() == [tmp_path / "store" / "plots" / "k-stale"]

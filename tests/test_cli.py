@@ -291,7 +291,8 @@ def test_verify_finds_damaged_artifacts_and_unfinished_executions_and_removes_th
                                      config={}, config_digest="c", inputs={}, cache_key=f"key{i}"))
     (workdir / "artifacts" / "votes" / refs[1].digest / "table.parquet").write_bytes(b"rows X")  # one byte
     (workdir / "artifacts" / "cache" / "gone.json").write_text(
-        refs[0].model_copy(update={"path": str(workdir / "artifacts" / "votes" / ("0" * 64))}).model_dump_json())
+        refs[0].model_copy(update={"digest": "0" * 64, "path": str(workdir / "artifacts" / "votes" / ("0" * 64))}
+                           ).model_dump_json())
     (workdir / "scratch" / "ppo-0123456789abcdef" / "checkpoint").mkdir(parents=True)
     (workdir / "scratch" / "ppo-0123456789abcdef" / "checkpoint" / "policy.bin").write_bytes(b"\0" * 2**20)
     killed_note = "pid 1 on elsewhere; prefect flow runs abc"
@@ -322,6 +323,61 @@ def test_verify_finds_damaged_artifacts_and_unfinished_executions_and_removes_th
     again = runner.invoke(app, ["verify", str(workdir)])
     assert again.exit_code == 0 and "2 intact, 0 damaged; 0 cache entries" in again.output
     assert runner.invoke(app, ["verify", str(tmp_path / "nothing")]).exit_code == 2
+
+
+def test_gc_lists_what_nothing_kept_was_made_from_and_removes_it_only_when_asked(tmp_path):
+    """`rlhf gc`: a series' head (finished-rounds.json) and its lineage stay however old, as does recent work; the
+    rest is listed, and deleted with its cache entries and figures only with --remove, never under a live round."""
+    import json
+    import os
+    import time
+
+    from rlhf_core.artifacts import ArtifactStore
+    from tasks.common import lock_workdir
+    from tasks.iteration import FINISHED_ROUNDS
+
+    workdir = tmp_path / "w"
+    store = ArtifactStore(workdir / "artifacts")
+
+    def commit(kind: str, content: bytes, key: str, inputs=None):
+        with store.staging() as staged:
+            (staged / "table.parquet").write_bytes(content)
+            ref = store.commit(staged, kind=kind, stage=kind, stage_version="1", code_version="t", config={},
+                               config_digest="c", inputs=inputs or {}, cache_key=key)
+        (workdir / "artifacts" / "plots" / key).mkdir(parents=True)
+        return ref
+
+    pairs = commit("comparisons", b"p" * 2**20, "k-pairs")
+    policy = commit("policy", b"w", "k-policy", {"pairs": pairs})
+    stale = commit("votes", b"v" * 2**20, "k-stale", {"pairs": pairs})
+    (workdir / FINISHED_ROUNDS).write_text(json.dumps({"weekly": {
+        "round_no": 3, "pairs": pairs.model_dump(), "policy": policy.model_dump(), "mlflow_run_id": "r3"}}))
+    week_ago = time.time() - 7 * 86400
+    for entry in (workdir / "artifacts" / "cache").iterdir():  # the cache entries' times: last used a week ago
+        os.utime(entry, (week_ago, week_ago))
+
+    result = runner.invoke(app, ["gc", str(workdir)])  # all used within 30 days: nothing to collect
+    assert result.exit_code == 0 and "3 kept" in result.output and "0 unreferenced" in result.output, result.output
+    # manifests say when each was committed (now): only an explicit 0 days makes them old enough
+    result = runner.invoke(app, ["gc", str(workdir), "--keep-days", "0"])
+    assert result.exit_code == 0, result.output
+    assert "2 kept" in result.output and "1 unreferenced (1.0 MiB)" in result.output and "votes" in result.output
+    assert "--keep-days 0 --remove` to delete them" in result.output
+    assert (workdir / "artifacts" / "votes" / stale.digest).is_dir()  # nothing removed unasked
+    with lock_workdir(workdir, note="a round"):
+        busy = runner.invoke(app, ["gc", str(workdir), "--keep-days", "0", "--remove"])
+    assert busy.exit_code == 2 and "nothing removed" in busy.output
+    result = runner.invoke(app, ["gc", str(workdir), "--keep-days", "0", "--remove"])
+    assert result.exit_code == 0, result.output
+    assert "removed 1 artifacts (1.0 MiB), 1 cache entries and 1 figure directories" in result.output
+    assert not (workdir / "artifacts" / "votes" / stale.digest).exists()
+    assert not (workdir / "artifacts" / "plots" / "k-stale").exists()
+    assert store.lookup("k-pairs") == pairs and store.lookup("k-policy") == policy  # the series goes on
+    (workdir / FINISHED_ROUNDS).write_text("{")  # a record that does not read: nothing is collected
+    refused = runner.invoke(app, ["gc", str(workdir), "--keep-days", "0", "--remove"])
+    assert refused.exit_code == 2 and "is not a record of finished rounds" in refused.output
+    assert store.lookup("k-pairs") == pairs
+    assert runner.invoke(app, ["gc", str(tmp_path / "nothing")]).exit_code == 2
 
 
 def test_iterated_rounds_over_real_exports_are_one_line_before_any_work(tmp_path, monkeypatch):

@@ -3,6 +3,7 @@ votes on and trains with the pairs of rounds 1 and 2 (iteration.pairs: accumulat
 (per_round), and a stop threshold above any win rate ends three rounds after round 2, saying why in
 the Prefect log and in MLflow."""
 
+import hashlib
 from pathlib import Path
 
 import pytest
@@ -29,6 +30,10 @@ def iterated(prefect_api, tmp_path_factory):
     summaries = rlhf_rounds(config=_config(workdir, "iteration.pairs=accumulate", "iteration.stop_min_win_rate=1.01"),
                             n_rounds=3)
     return workdir, summaries
+
+
+def _sha(content: bytes) -> str:
+    return hashlib.sha256(content).hexdigest()
 
 
 def _ref(summary, stage: str) -> ArtifactRef:
@@ -159,7 +164,7 @@ def test_a_continued_series_samples_anew_and_learns_from_every_round_so_far(pref
     # ... and it leaves the series where it was: the next scheduled round is round 3
     from tasks.iteration import last_finished_round
 
-    assert last_finished_round(tmp_path, "weekly")["round_no"] == 2
+    assert last_finished_round(tmp_path, "weekly").round_no == 2
 
 
 def test_a_continued_series_refuses_what_it_cannot_continue(tmp_path):
@@ -168,21 +173,47 @@ def test_a_continued_series_refuses_what_it_cannot_continue(tmp_path):
 
     assert last_finished_round(tmp_path, "weekly") is None  # nothing finished yet: round 1
     store = ArtifactStore(tmp_path / "artifacts")
-    with store.staging() as out:
-        (out / "comparisons.parquet").write_bytes(b"pairs")
-        pairs = store.commit(out, kind="comparisons", stage="import_annotations", stage_version="1", code_version="t",
-                             config={}, config_digest="c", inputs={}, cache_key="k")
+
+    def commit(kind: str, files: dict[str, bytes]) -> ArtifactRef:
+        with store.staging() as out:
+            for name, content in files.items():
+                (out / name).parent.mkdir(parents=True, exist_ok=True)
+                (out / name).write_bytes(content)
+            return store.commit(out, kind=kind, stage=kind, stage_version="1", code_version="t", config={},
+                                config_digest="c", inputs={}, cache_key=kind + str(sorted(files)))
+
+    pairs = commit("comparisons", {"comparisons.parquet": b"pairs"})
+    week1 = commit("annotation_export", {"exports/00-week1.json": b"[1]"})
     ref = {"kind": pairs.kind, "digest": pairs.digest, "path": pairs.path}
-    summary = {"round_no": 1, "artifacts": {"import_annotations": ref, "ppo": ref}, "mlflow": {"run_id": "r1"}}
+    summary = {"round_no": 1, "artifacts": {"annotators": week1.model_dump(), "import_annotations": ref, "ppo": ref},
+               "mlflow": {"run_id": "r1"}}
     record_finished_round(tmp_path, "weekly", summary)
     last = last_finished_round(tmp_path, "weekly")
-    assert (last["round_no"], last["pairs"], last["imports"]) == (1, pairs, [pairs.digest])
+    assert (last.round_no, last.pairs, last.mlflow_run_id) == (1, pairs, "r1")
+    assert last.exports == {_sha(b"[1]"): "00-week1.json"}
     assert last_finished_round(tmp_path, "other") is None
     record_finished_round(tmp_path, "weekly", summary | {"round_no": 1, "mlflow": {"run_id": "late"}})
-    assert last_finished_round(tmp_path, "weekly")["mlflow_run_id"] == "r1"  # a round not after it: no change
-    with pytest.raises(ConfigError, match="imports the same annotations"):  # a fixed export list, run again
-        check_new_import(last, pairs)
-    check_new_import(last, ArtifactRef(kind="comparisons", digest="0" * 64, path="elsewhere"))
+    assert last_finished_round(tmp_path, "weekly").mlflow_run_id == "r1"  # a round not after it: no change
+    # last week's file again, under another name and beside a new one: refused before it is imported, naming it
+    week2 = commit("annotation_export", {"exports/00-week2.json": b"[2]", "exports/01-old.json": b"[1]"})
+    with pytest.raises(ConfigError, match=r"already learned from: 01-old.json \(as 00-week1.json\)"):
+        check_new_import(last, store, week2)
+    check_new_import(last, store, commit("annotation_export", {"exports/00-week2.json": b"[2]"}))
+    # the series' exports accumulate: round 3 may not import week 1's file either
+    record_finished_round(tmp_path, "weekly", summary | {"round_no": 2, "artifacts": summary["artifacts"] | {
+        "annotators": commit("annotation_export", {"exports/00-week2.json": b"[2]"}).model_dump()}})
+    assert set(last_finished_round(tmp_path, "weekly").exports) == {_sha(b"[1]"), _sha(b"[2]")}
+    # a record edited by hand: one line naming the file and the entry, not a KeyError mid-round
+    record = tmp_path / FINISHED_ROUNDS
+    good = record.read_text()
+    record.write_text(good.replace('"round_no": 2', '"round": 2'))
+    not_a_record = rf"{FINISHED_ROUNDS} is not a record of finished rounds"
+    with pytest.raises(ConfigError, match=not_a_record + r" \(at weekly.round_no"):
+        last_finished_round(tmp_path, "weekly")
+    record.write_text(good[:-20])
+    with pytest.raises(ConfigError, match=not_a_record + " .*remove it"):
+        last_finished_round(tmp_path, "weekly")
+    record.write_text(good)
     store.remove(pairs)
     with pytest.raises(ConfigError, match=f"no longer in .*remove 'weekly' from .*{FINISHED_ROUNDS}"):
         last_finished_round(tmp_path, "weekly")
