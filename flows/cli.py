@@ -283,82 +283,64 @@ def verify(
         raise typer.Exit(1)
 
 
-def _size(path: Path) -> int:
-    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
-
-
 @app.command("gc")
 def gc_cmd(
     workdir: Path = typer.Argument(..., help="a round's workdir (its artifacts/)"),
     keep_days: float = typer.Option(30.0, "--keep-days", min=0, help="keep every artifact made, or found in the "
                                                                      "cache, in the last this many days"),
     remove: bool = typer.Option(False, "--remove", help="delete the unreferenced artifacts (without it: list them)"),
+    drop_registered_models: bool = typer.Option(
+        False, "--drop-registered-models", help="also collect the older policies and reward models that only the "
+        "lineage of kept artifacts reaches, when the MLflow registry holds them (a series that starts from the "
+        "champion has every promoted policy in its lineage)"),
+    tracking_uri: Optional[str] = typer.Option(None, "--tracking-uri", help="the registry --drop-registered-models "
+                                                "asks (default: MLFLOW_TRACKING_URI, else <workdir>/mlflow.db)"),
 ):
     """List (or delete) the artifacts of a workdir that nothing recent or kept was made from.
 
     Kept: every artifact a stage made or found in its cache in the last --keep-days days, the pairs and policy of
-    each series' last finished round (finished-rounds.json), and every artifact upstream of these (their lineage).
-    What goes is made again by the stage that made it, should a round need it. MLflow's copies of models and
-    metrics are MLflow's to clean (`mlflow gc` after deleting runs)."""
-    import time
+    each series' last finished round (finished-rounds.json), and every artifact upstream of these (their lineage;
+    with --drop-registered-models, not through the models the registry holds). What goes is made again by the stage
+    that made it, should a round need it. MLflow's copies of models and metrics are MLflow's to clean (`mlflow gc`
+    after deleting runs). The same as the flow rlhf-gc (deployment rlhf-gc/weekly)."""
+    from tasks.cleanup import NotAWorkdirError, collect_garbage, plan_garbage, store_of
+    from tasks.common import WorkdirBusyError
 
-    from rlhf_core.artifacts import ArtifactStore
-    from tasks.common import WorkdirBusyError, lock_workdir
-    from tasks.iteration import finished_rounds
-
-    store_root = workdir / "artifacts"
-    if not store_root.is_dir():
-        console.print(f"[red]{workdir} is not a round's workdir (it has no artifacts/)[/red]", soft_wrap=True)
-        raise typer.Exit(2)
-    store = ArtifactStore(store_root)
-
-    def plan():
-        with user_errors():  # a series record edited by hand: one line, nothing removed
-            heads = [ref for last in finished_rounds(workdir).values() for ref in (last.pairs, last.policy)]
-        garbage, unreadable = store.unreferenced(heads, used_since=time.time() - keep_days * 86400)
-        return heads, garbage, unreadable
-
-    def report(heads, garbage, unreadable) -> None:
-        n_all = len(store.committed())
-        sizes = {ref: _size(Path(ref.path)) for ref in garbage}
-        console.print(f"{n_all} artifacts in {store_root}: {n_all - len(garbage)} kept (used in the last "
-                      f"{keep_days:g} days, the last finished round of {len(heads) // 2} series, and what they were "
-                      f"made from), {len(garbage)} unreferenced ({sum(sizes.values()) / 2**20:.1f} MiB)",
-                      soft_wrap=True)
-        if garbage:
-            table = Table("kind", "unreferenced", "MiB", "newest (days ago)")
-            for kind in sorted({ref.kind for ref in garbage}):
-                refs = [ref for ref in garbage if ref.kind == kind]
-                newest = max(store.manifest(ref).created_at for ref in refs)
-                table.add_row(kind, str(len(refs)), f"{sum(sizes[r] for r in refs) / 2**20:.1f}",
-                              f"{(time.time() - newest) / 86400:.1f}")
-            console.print(table)
-        for ref in unreadable:
-            console.print(f"[yellow]unreadable manifest, kept[/yellow] {ref.kind}:{ref.digest[:12]}: run `rlhf verify "
-                          f"{shlex.quote(str(workdir))}`", soft_wrap=True)
-
-    if not remove:
-        heads, garbage, unreadable = plan()
-        report(heads, garbage, unreadable)
-        if garbage:
-            console.print(f"run `rlhf gc {shlex.quote(str(workdir))} --keep-days {keep_days:g} --remove` to delete "
-                          "them", soft_wrap=True)
-        return
-    try:  # no round may read or write while things go; a killed round's note stays for the next round
-        with lock_workdir(workdir, note="rlhf gc", keep_left=True):
-            heads, garbage, unreadable = plan()  # under the lock: a round that finished meanwhile counts
-            report(heads, garbage, unreadable)
-            freed = sum(_size(Path(ref.path)) for ref in garbage)
-            entries = sum(store.remove(ref) for ref in garbage)
-            figures = store.orphan_figures()
-            for path in figures:
-                shutil.rmtree(path, ignore_errors=True)
-    except WorkdirBusyError:
-        console.print(f"[red]a round is running in {workdir}: nothing removed; run this again when it has "
-                      "finished[/red]", soft_wrap=True)
-        raise typer.Exit(2) from None
-    console.print(f"removed {len(garbage)} artifacts ({freed / 2**20:.1f} MiB), {entries} cache entries and "
-                  f"{len(figures)} figure directories", soft_wrap=True)
+    options = {"keep_days": keep_days, "drop_registered_models": drop_registered_models, "tracking_uri": tracking_uri}
+    with user_errors():  # a series record edited by hand, a registry that does not answer: one line, nothing removed
+        try:
+            store = store_of(workdir)
+            if not remove:
+                plan = plan_garbage(workdir, **options)
+            else:
+                plan, entries, figures = collect_garbage(workdir, **options)
+        except NotAWorkdirError as err:
+            console.print(f"[red]{err}[/red]", soft_wrap=True)
+            raise typer.Exit(2) from None
+        except WorkdirBusyError:
+            console.print(f"[red]a round is running in {workdir}: nothing removed; run this again when it has "
+                          "finished[/red]", soft_wrap=True)
+            raise typer.Exit(2) from None
+    freed = sum(plan.sizes.values())
+    console.print(f"{plan.n_artifacts} artifacts in {store.root}: {plan.n_artifacts - len(plan.garbage)} kept (used in "
+                  f"the last {keep_days:g} days, the last finished round of {plan.n_series} series, and what they "
+                  f"were made from), {len(plan.garbage)} unreferenced ({freed / 2**20:.1f} MiB)", soft_wrap=True)
+    if plan.garbage:
+        table = Table(*plan.by_kind[0])
+        for row in plan.by_kind:
+            table.add_row(*map(str, row.values()))
+        console.print(table)
+    for ref in plan.unreadable:
+        console.print(f"[yellow]unreadable manifest, kept[/yellow] {ref.kind}:{ref.digest[:12]}: run `rlhf verify "
+                      f"{shlex.quote(str(workdir))}`", soft_wrap=True)
+    if remove:
+        console.print(f"removed {len(plan.garbage)} artifacts ({freed / 2**20:.1f} MiB), {entries} cache entries and "
+                      f"{figures} figure directories", soft_wrap=True)
+    elif plan.garbage:
+        again = [shlex.quote(str(workdir)), f"--keep-days {keep_days:g}"]
+        again += ["--drop-registered-models"] * drop_registered_models
+        again += [f"--tracking-uri {shlex.quote(tracking_uri)}"] if tracking_uri else []
+        console.print(f"run `rlhf gc {' '.join(again)} --remove` to delete them", soft_wrap=True)
 
 
 @app.command()

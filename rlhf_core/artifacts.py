@@ -330,12 +330,15 @@ class ArtifactStore:
         """Every committed artifact of `kind`, in digest order."""
         return [self.find(kind, d.name) for d in sorted((self.root / kind).glob("*")) if (d / MANIFEST).is_file()]
 
-    def unreferenced(self, roots: list[ArtifactRef], used_since: float
+    def unreferenced(self, roots: list[ArtifactRef], used_since: float,
+                     held_elsewhere: frozenset[tuple[str, str]] = frozenset()
                      ) -> tuple[list[ArtifactRef], list[ArtifactRef]]:
         """What a garbage collection may delete: every artifact that is neither kept nor upstream of a kept one, the
         kept being `roots` and every artifact committed, or made or served by a cache lookup, at or after `used_since`
-        (a Unix time). Returns (unreferenced, unreadable): an artifact whose manifest cannot be read is never called
-        unreferenced (its inputs are unknown); `rlhf verify --remove` deals with it."""
+        (a Unix time). `held_elsewhere` ((digest, kind) pairs: models a registry holds) are artifacts the walk up a
+        kept artifact's lineage leaves behind: collected unless kept themselves, their own inputs kept only where
+        something else needs them. Returns (unreferenced, unreadable): an artifact whose manifest cannot be read is
+        never called unreferenced (its inputs are unknown); `rlhf verify --remove` deals with it."""
         used: dict[tuple[str, str], float] = {}  # (digest, kind) -> when a cache entry of it was last written or used
         for entry in (self.root / "cache").glob("*.json"):
             try:
@@ -351,10 +354,11 @@ class ArtifactStore:
                 unreadable.append(ref)
         recent = [key for key, m in manifests.items() if max(m.created_at, used.get(key, 0.0)) >= used_since]
         kept: set[tuple[str, str]] = set()
-        todo = [(r.digest, r.kind) for r in roots] + recent
+        start = {(r.digest, r.kind) for r in roots} | set(recent)
+        todo = list(start)
         while todo:  # the kept artifacts' lineage, through inputs the store holds
             key = todo.pop()
-            if key in kept:
+            if key in kept or (key in held_elsewhere and key not in start):
                 continue
             kept.add(key)
             if key in manifests:

@@ -128,3 +128,25 @@ def promote(ctx: RunContext, cfg: IterationConfig, candidate: ArtifactRef, evalu
     _stage_logger().info(reason)
     return {"promoted": promoted, "win_rate": win_rate, "against": against, "version": int(version.version),
             "reason": reason}
+
+
+REGISTERED_KINDS = {POLICY_MODEL: "policy", SFT_MODEL: "policy", REWARD_MODEL: "reward_model"}  # name -> artifact kind
+
+
+def registered_models(tracking_uri: str) -> frozenset[tuple[str, str]]:
+    """(digest, kind) of every model version the registry at `tracking_uri` holds under the names the stages register
+    as (their `rlhf.digest` tag): the models a workdir's store may let go of (`rlhf gc --drop-registered-models`)."""
+    from mlflow import MlflowClient
+    from mlflow.exceptions import MlflowException
+
+    from tasks.tracking import check_tracking_server
+
+    check_tracking_server(tracking_uri)
+    client, held = MlflowClient(tracking_uri), set()
+    for name, kind in REGISTERED_KINDS.items():
+        try:
+            versions = client.search_model_versions(f"name = '{name}'")
+        except MlflowException:  # no such registered model
+            continue
+        held |= {(v.tags["rlhf.digest"], kind) for v in versions if "rlhf.digest" in v.tags}
+    return frozenset(held)

@@ -212,7 +212,8 @@ def test_a_moved_store_serves_its_own_copies(tmp_path):
 
 def test_unreferenced_is_what_nothing_recent_or_kept_was_made_from(tmp_path):
     """A garbage collection's plan: kept are the roots given, whatever was committed or served from the cache since
-    a time, and the lineage of both; an artifact whose manifest cannot be read is never collected."""
+    a time, and the lineage of both; an artifact whose manifest cannot be read is never collected; a model held
+    elsewhere (a registry) is not kept for the lineage alone, nor what only it was made from."""
     import time
 
     store = ArtifactStore(tmp_path / "store")
@@ -229,17 +230,20 @@ def test_unreferenced_is_what_nothing_recent_or_kept_was_made_from(tmp_path):
     served = commit("votes2", "k-served")
     broken = commit("votes3", "k-broken")
     (tmp_path / "store" / "votes" / broken.digest / "manifest.json").write_text("{")
+    old_data = commit("denoised", "k-old-data")
+    old_model = commit("reward_model", "k-old-model", {"denoise": old_data})
     time.sleep(0.05)
     since = time.time()
     time.sleep(0.05)
     assert store.lookup("k-served") == served  # a cache hit is a use
-    recent = commit("policy2", "k-recent", {"world": world})  # made now, from the old world
+    recent = commit("policy2", "k-recent", {"world": world, "reward": old_model})  # made now, from old artifacts
     garbage, unreadable = store.unreferenced([head], used_since=since)
     assert garbage == [stale] and unreadable == [broken]
-    assert {r.digest for r in store.committed()} - {stale.digest} == {
-        r.digest for r in (world, head_input, head, served, broken, recent)}
+    held = frozenset({(old_model.digest, "reward_model"), (head.digest, "policy")})
+    garbage, _ = store.unreferenced([head], used_since=since, held_elsewhere=held)
+    assert garbage == [old_data, old_model, stale]  # in kind order; the head stays: it is a root
     garbage, _ = store.unreferenced([], used_since=time.time() + 1)  # nothing recent, no roots
-    assert garbage == sorted([world, stale, head_input, head, served, recent], key=lambda r: (r.kind, r.digest))
+    assert set(garbage) == {world, stale, head_input, head, served, old_data, old_model, recent}
     (tmp_path / "store" / "plots" / "k-stale").mkdir(parents=True)
     (tmp_path / "store" / "plots" / "k-head").mkdir()
     store.remove(stale)

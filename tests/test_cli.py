@@ -332,6 +332,8 @@ def test_gc_lists_what_nothing_kept_was_made_from_and_removes_it_only_when_asked
     import os
     import time
 
+    from mlflow import MlflowClient
+
     from rlhf_core.artifacts import ArtifactStore
     from tasks.common import lock_workdir
     from tasks.iteration import FINISHED_ROUNDS
@@ -373,6 +375,22 @@ def test_gc_lists_what_nothing_kept_was_made_from_and_removes_it_only_when_asked
     assert not (workdir / "artifacts" / "votes" / stale.digest).exists()
     assert not (workdir / "artifacts" / "plots" / "k-stale").exists()
     assert store.lookup("k-pairs") == pairs and store.lookup("k-policy") == policy  # the series goes on
+    # --drop-registered-models: a policy only the series' lineage reaches goes once the registry holds it
+    generator = commit("policy", b"g" * 2**20, "k-generator")
+    responses = commit("responses", b"r", "k-responses", {"policy": generator})
+    week4 = commit("comparisons", b"p4", "k-pairs4", {"responses": responses})
+    (workdir / FINISHED_ROUNDS).write_text(json.dumps({"weekly": {
+        "round_no": 4, "pairs": week4.model_dump(), "policy": policy.model_dump(), "mlflow_run_id": "r4"}}))
+    drop = ["gc", str(workdir), "--keep-days", "0", "--drop-registered-models"]
+    result = runner.invoke(app, drop)
+    assert result.exit_code == 0 and "0 unreferenced" in result.output, result.output  # not registered: kept
+    client = MlflowClient(f"sqlite:///{workdir / 'mlflow.db'}")
+    client.create_registered_model("rlhf-policy")
+    client.create_model_version("rlhf-policy", source=str(workdir), tags={"rlhf.digest": generator.digest})
+    result = runner.invoke(app, drop)
+    assert "1 unreferenced (1.0 MiB)" in result.output and "--drop-registered-models --remove` to" in result.output
+    assert runner.invoke(app, [*drop, "--remove"]).exit_code == 0
+    assert not os.path.exists(generator.path) and store.lookup("k-responses") == responses
     (workdir / FINISHED_ROUNDS).write_text("{")  # a record that does not read: nothing is collected
     refused = runner.invoke(app, ["gc", str(workdir), "--keep-days", "0", "--remove"])
     assert refused.exit_code == 2 and "is not a record of finished rounds" in refused.output

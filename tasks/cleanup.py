@@ -1,0 +1,81 @@
+"""Cleaning a workdir's store: the artifacts that nothing recent or kept was made from (`rlhf gc`, `rlhf-gc`).
+
+Kept: every artifact a stage committed, or found in its cache, in the last `keep_days` days; the pairs and policy of
+each series' last finished round (finished-rounds.json: the next scheduled round starts from them); and everything
+upstream of these. With `drop_registered_models` the walk up the lineage stops at the policies and reward models the
+MLflow registry holds: a series that starts each round from the champion keeps only its recent models locally.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from rlhf_core.artifacts import ArtifactRef, ArtifactStore
+from tasks.common import lock_workdir
+from tasks.iteration import finished_rounds
+from tasks.promotion import registered_models
+from tasks.tracking import default_tracking_uri
+
+
+class NotAWorkdirError(ValueError):
+    """A directory with no artifact store: nothing to clean there."""
+
+
+@dataclass
+class GarbagePlan:
+    n_artifacts: int
+    n_series: int  # series whose last finished round is kept
+    garbage: list[ArtifactRef]  # what may go, in kind, digest order
+    sizes: dict[str, int]  # digest -> bytes, of the garbage
+    unreadable: list[ArtifactRef]  # manifests that do not read: never collected (`rlhf verify`)
+    by_kind: list[dict[str, float | int | str]]  # a row per kind of garbage: how many, MiB, newest's age
+
+
+def _size(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+
+
+def store_of(workdir: str | Path) -> ArtifactStore:
+    """The workdir's store; NotAWorkdirError naming the directory when it has none."""
+    root = Path(workdir) / "artifacts"
+    if not root.is_dir():
+        raise NotAWorkdirError(f"{workdir} is not a round's workdir (it has no artifacts/)")
+    return ArtifactStore(root)
+
+
+def plan_garbage(workdir: str | Path, keep_days: float, drop_registered_models: bool = False,
+                 tracking_uri: str | None = None) -> GarbagePlan:
+    """What a collection would delete now. Raises ConfigError for a series record that does not read, and
+    TrackingUnavailableError for a registry that does not answer (with `drop_registered_models`)."""
+    store = store_of(workdir)
+    heads = [ref for last in finished_rounds(workdir).values() for ref in (last.pairs, last.policy)]
+    held = registered_models(tracking_uri or default_tracking_uri(workdir)) if drop_registered_models else frozenset()
+    garbage, unreadable = store.unreferenced(heads, used_since=time.time() - keep_days * 86400, held_elsewhere=held)
+    sizes = {ref.digest: _size(Path(ref.path)) for ref in garbage}
+    by_kind = []
+    for kind in sorted({ref.kind for ref in garbage}):
+        refs = [ref for ref in garbage if ref.kind == kind]
+        newest = max(store.manifest(ref).created_at for ref in refs)
+        mib = round(sum(sizes[r.digest] for r in refs) / 2**20, 1)
+        by_kind.append({"kind": kind, "unreferenced": len(refs), "MiB": mib,
+                        "newest (days ago)": round((time.time() - newest) / 86400, 1)})
+    return GarbagePlan(n_artifacts=len(store.committed()), n_series=len(heads) // 2, garbage=garbage, sizes=sizes,
+                       unreadable=unreadable, by_kind=by_kind)
+
+
+def collect_garbage(workdir: str | Path, keep_days: float, drop_registered_models: bool = False,
+                    tracking_uri: str | None = None, note: str = "rlhf gc") -> tuple[GarbagePlan, int, int]:
+    """Delete what `plan_garbage` lists, planned again under the workdir's lock (a round that finished meanwhile
+    counts; WorkdirBusyError while one runs), with the cache entries that point at it and the figures nothing
+    shows any more. Returns the plan, the cache entries and the figure directories removed."""
+    store = store_of(workdir)
+    with lock_workdir(workdir, note=note, keep_left=True):  # a killed round's note stays for the next round
+        plan = plan_garbage(workdir, keep_days, drop_registered_models, tracking_uri)
+        entries = sum(store.remove(ref) for ref in plan.garbage)
+        figures = store.orphan_figures()
+        for path in figures:
+            shutil.rmtree(path, ignore_errors=True)
+    return plan, entries, len(figures)
