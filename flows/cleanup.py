@@ -1,4 +1,4 @@
-"""The flow that cleans a workdir's store on a schedule (deployment rlhf-gc/weekly): `rlhf gc` as a Prefect flow."""
+"""The flow that cleans a workdir's store on a schedule (deployment rlhf-gc/weekly-cleanup): `rlhf gc` in Prefect."""
 
 from __future__ import annotations
 
@@ -13,22 +13,26 @@ from tasks.common import publish_markdown
 
 @flow(name="rlhf-gc", version=rlhf_core.__version__)
 def rlhf_gc(workdir: str = "rlhf-runs", keep_days: float = 30.0, drop_registered_models: bool = False,
-            remove: bool = True) -> dict[str, Any]:
+            remove: bool = True, tracking_uri: str | None = None) -> dict[str, Any]:
     """Delete the artifacts of a round's workdir that nothing recent or kept was made from (tasks/cleanup.py);
     returns what it found and removed, also shown as the run's markdown artifact `gc`.
 
     Args:
         workdir: the rounds' workdir (relative to the worker's directory); it must hold an artifacts/ store.
-        keep_days: every artifact a stage made, or found in its cache, in the last this many days stays, with
-            the pairs and policy of each series' last finished round and everything they were made from.
+        keep_days: every artifact a stage made, or found in its cache, in the last this many days (at least 1)
+            stays, with the pairs and policy of each series' last finished round, the responses out for annotation
+            and everything they were made from.
         drop_registered_models: also collect the older policies and reward models that only the lineage of kept
-            artifacts reaches, when the MLflow registry (MLFLOW_TRACKING_URI, else <workdir>/mlflow.db) holds them.
+            artifacts reaches, when the MLflow registry holds them.
         remove: false lists what would go and deletes nothing.
+        tracking_uri: the registry drop_registered_models asks (the rounds' tracking_uri when their config sets
+            one); default MLFLOW_TRACKING_URI, else <workdir>/mlflow.db.
     """
+    options = {"keep_days": keep_days, "drop_registered_models": drop_registered_models, "tracking_uri": tracking_uri}
     if remove:  # waits for no round: a round running in the workdir fails this run (WorkdirBusyError), not the round
-        plan, entries, figures = collect_garbage(workdir, keep_days, drop_registered_models, note="rlhf-gc flow")
+        plan, entries, figures = collect_garbage(workdir, **options, note="rlhf-gc flow")
     else:
-        plan, entries, figures = plan_garbage(workdir, keep_days, drop_registered_models), 0, 0
+        plan, entries, figures = plan_garbage(workdir, **options), 0, 0
     mib = sum(plan.sizes.values()) / 2**20
     get_run_logger().info("%s: %d artifacts, %d unreferenced (%.1f MiB)%s", workdir, plan.n_artifacts,
                           len(plan.garbage), mib, ", removed" if remove else "; nothing removed (remove: false)")

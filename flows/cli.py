@@ -262,8 +262,7 @@ def verify(
         try:  # no round may read or write while things go; a killed round's note stays for the next round
             with lock_workdir(workdir, note="rlhf verify", keep_left=True):
                 if remove:
-                    for ref in damaged:
-                        store.remove(ref)
+                    store.remove(*damaged)
                     for entry in dangling:
                         entry.unlink()
                     console.print(f"removed {len(damaged)} damaged artifacts and {len(dangling)} dangling cache "
@@ -286,8 +285,8 @@ def verify(
 @app.command("gc")
 def gc_cmd(
     workdir: Path = typer.Argument(..., help="a round's workdir (its artifacts/)"),
-    keep_days: float = typer.Option(30.0, "--keep-days", min=0, help="keep every artifact made, or found in the "
-                                                                     "cache, in the last this many days"),
+    keep_days: float = typer.Option(30.0, "--keep-days", min=1, help="keep every artifact made, or found in the "
+                                                                     "cache, in the last this many days (>= 1)"),
     remove: bool = typer.Option(False, "--remove", help="delete the unreferenced artifacts (without it: list them)"),
     drop_registered_models: bool = typer.Option(
         False, "--drop-registered-models", help="also collect the older policies and reward models that only the "
@@ -299,10 +298,11 @@ def gc_cmd(
     """List (or delete) the artifacts of a workdir that nothing recent or kept was made from.
 
     Kept: every artifact a stage made or found in its cache in the last --keep-days days, the pairs and policy of
-    each series' last finished round (finished-rounds.json), and every artifact upstream of these (their lineage;
-    with --drop-registered-models, not through the models the registry holds). What goes is made again by the stage
+    each series' last finished round (finished-rounds.json), the responses no import has read yet (out for
+    annotation), and every artifact upstream of these (their lineage; with --drop-registered-models, not through
+    the models the registry holds). What goes is made again by the stage
     that made it, should a round need it. MLflow's copies of models and metrics are MLflow's to clean (`mlflow gc`
-    after deleting runs). The same as the flow rlhf-gc (deployment rlhf-gc/weekly)."""
+    after deleting runs). The same as the flow rlhf-gc (deployment rlhf-gc/weekly-cleanup)."""
     from tasks.cleanup import NotAWorkdirError, collect_garbage, plan_garbage, store_of
     from tasks.common import WorkdirBusyError
 
@@ -317,9 +317,8 @@ def gc_cmd(
         except NotAWorkdirError as err:
             console.print(f"[red]{err}[/red]", soft_wrap=True)
             raise typer.Exit(2) from None
-        except WorkdirBusyError:
-            console.print(f"[red]a round is running in {workdir}: nothing removed; run this again when it has "
-                          "finished[/red]", soft_wrap=True)
+        except WorkdirBusyError as err:
+            console.print(f"[red]{err}[/red]", soft_wrap=True)
             raise typer.Exit(2) from None
     freed = sum(plan.sizes.values())
     console.print(f"{plan.n_artifacts} artifacts in {store.root}: {plan.n_artifacts - len(plan.garbage)} kept (used in "

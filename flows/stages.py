@@ -173,6 +173,10 @@ def rlhf_stage(stage: HeavyStageName = "denoise", inputs: dict[str, str] | None 
         get_run_logger().info("stage %s: inputs %s from the round (its cache)", stage, ", ".join(missing))
         refs |= round_inputs(missing, config)
     with lock_workdir(config.workdir, note=flow_runs_note()) as left_by_killed:
+        gone = [f"{name} ({ref.kind}:{ref.digest[:12]})" for name, ref in refs.items() if not Path(ref.path).is_dir()]
+        if gone:  # checked before the lock was taken
+            raise ConfigError(f"inputs: {', '.join(gone)} left the store after they were checked (`rlhf gc`, or "
+                              "deleted by hand): nothing ran; give inputs the store holds, or run the round again")
         ctx = open_round(config, run_name=f"stage-{stage}-{config.name}", left_by_killed=left_by_killed)
         try:
             source = "stage_input"  # a policy given to rlhf-stage

@@ -290,16 +290,23 @@ class ArtifactStore:
                          if rel in present and sha256_file(root / rel) != sha]
         return problems
 
-    def remove(self, ref: ArtifactRef) -> int:
-        """Delete an artifact (a damaged one) and the cache entries that point at it, so the stage executions that
-        made it run again; their figures stay. Returns how many cache entries went. Call it only while no other
+    def remove(self, *refs: ArtifactRef) -> list[str]:
+        """Delete artifacts (damaged ones, garbage) and the cache entries that point at them, so the stage executions
+        that made them run again; their figures stay. Returns the cache keys removed. Call it only while no other
         process uses this store (a round holds its workdir's lock)."""
-        entries = [e for e in (self.root / "cache").glob("*.json")
-                   if (entry := self._entry_ref(e)).kind == ref.kind and entry.digest == ref.digest]
-        for entry in entries:  # first: a cache entry never points at a half-deleted artifact
-            entry.unlink()
-        self._discard(Path(ref.path))
-        return len(entries)
+        gone = {(ref.kind, ref.digest) for ref in refs}
+        keys = []
+        for entry in (self.root / "cache").glob("*.json"):  # first: a cache entry never points at a half-deleted one
+            try:
+                named = self._entry_ref(entry)
+            except (OSError, ValueError):  # an entry that does not read is a miss to lookups; not this call's to judge
+                continue
+            if (named.kind, named.digest) in gone:
+                entry.unlink()
+                keys.append(entry.stem)
+        for kind, digest in sorted(gone):
+            self._discard(self.root / kind / digest)
+        return sorted(keys)
 
     def _discard(self, path: Path) -> None:
         """Move a directory out of the store's tree in one rename, then delete it."""
@@ -365,11 +372,6 @@ class ArtifactStore:
                 todo += [(i.digest, i.kind) for i in manifests[key].inputs]
         garbage = [self.find(kind, digest) for (digest, kind) in manifests if (digest, kind) not in kept]
         return sorted(garbage, key=lambda r: (r.kind, r.digest)), unreadable
-
-    def orphan_figures(self) -> list[Path]:
-        """Figure directories (plots/<cache key>) whose cache entry is gone: nothing shows them again."""
-        return [d for d in sorted((self.root / "plots").glob("*"))
-                if d.is_dir() and not (self.root / "cache" / f"{d.name}.json").is_file()]
 
     def lineage(self, ref: ArtifactRef) -> list[Manifest]:
         """This artifact's manifest and every upstream manifest, walking input digests (depth first)."""

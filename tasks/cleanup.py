@@ -1,9 +1,12 @@
 """Cleaning a workdir's store: the artifacts that nothing recent or kept was made from (`rlhf gc`, `rlhf-gc`).
 
-Kept: every artifact a stage committed, or found in its cache, in the last `keep_days` days; the pairs and policy of
-each series' last finished round (finished-rounds.json: the next scheduled round starts from them); and everything
-upstream of these. With `drop_registered_models` the walk up the lineage stops at the policies and reward models the
-MLflow registry holds: a series that starts each round from the champion keeps only its recent models locally.
+Kept: every artifact a stage committed, or found in its cache, in the last `keep_days` days (at least 1: a chained
+round, the next round of `rlhf-rounds` or a stage given an input by digest starts from what the last one made); the
+pairs and policy of each series' last finished round (finished-rounds.json: the next scheduled round starts from
+them); the responses no import has read yet (out for annotation: made again, on another machine they could differ
+under the same ids, and the annotations would be joined to other texts); and everything upstream of these. With
+`drop_registered_models` the walk up the lineage stops at the policies and reward models the MLflow registry holds: a
+series that starts each round from the champion keeps only its recent models locally.
 """
 
 from __future__ import annotations
@@ -14,10 +17,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rlhf_core.artifacts import ArtifactRef, ArtifactStore
-from tasks.common import lock_workdir
+from tasks.common import WorkdirBusyError, lock_workdir
 from tasks.iteration import finished_rounds
 from tasks.promotion import registered_models
 from tasks.tracking import default_tracking_uri
+
+MIN_KEEP_DAYS = 1.0
 
 
 class NotAWorkdirError(ValueError):
@@ -46,14 +51,29 @@ def store_of(workdir: str | Path) -> ArtifactStore:
     return ArtifactStore(root)
 
 
+def awaiting_annotation(store: ArtifactStore) -> list[ArtifactRef]:
+    """The responses no import has read (no comparisons artifact lists them as an input): out for annotation."""
+    imported = set()
+    for pairs in store.artifacts("comparisons"):
+        try:
+            imported |= {i.digest for i in store.manifest(pairs).inputs if i.kind == "responses"}
+        except (OSError, ValueError):  # unreadable: kept by the collection, and so what it was made from
+            continue
+    return [ref for ref in store.artifacts("responses") if ref.digest not in imported]
+
+
 def plan_garbage(workdir: str | Path, keep_days: float, drop_registered_models: bool = False,
                  tracking_uri: str | None = None) -> GarbagePlan:
     """What a collection would delete now. Raises ConfigError for a series record that does not read, and
     TrackingUnavailableError for a registry that does not answer (with `drop_registered_models`)."""
+    if keep_days < MIN_KEEP_DAYS:
+        raise ValueError(f"keep_days must be at least {MIN_KEEP_DAYS:g} (got {keep_days:g}): a chained round starts "
+                         "from what the round before made")
     store = store_of(workdir)
     heads = [ref for last in finished_rounds(workdir).values() for ref in (last.pairs, last.policy)]
     held = registered_models(tracking_uri or default_tracking_uri(workdir)) if drop_registered_models else frozenset()
-    garbage, unreadable = store.unreferenced(heads, used_since=time.time() - keep_days * 86400, held_elsewhere=held)
+    roots = heads + awaiting_annotation(store)
+    garbage, unreadable = store.unreferenced(roots, used_since=time.time() - keep_days * 86400, held_elsewhere=held)
     sizes = {ref.digest: _size(Path(ref.path)) for ref in garbage}
     by_kind = []
     for kind in sorted({ref.kind for ref in garbage}):
@@ -68,14 +88,19 @@ def plan_garbage(workdir: str | Path, keep_days: float, drop_registered_models: 
 
 def collect_garbage(workdir: str | Path, keep_days: float, drop_registered_models: bool = False,
                     tracking_uri: str | None = None, note: str = "rlhf gc") -> tuple[GarbagePlan, int, int]:
-    """Delete what `plan_garbage` lists, planned again under the workdir's lock (a round that finished meanwhile
-    counts; WorkdirBusyError while one runs), with the cache entries that point at it and the figures nothing
-    shows any more. Returns the plan, the cache entries and the figure directories removed."""
+    """Delete what `plan_garbage` lists, planned again under the workdir's locks (WorkdirBusyError while a round or
+    an `rlhf-rounds` series runs there; a round that finished meanwhile counts), with the cache entries that point at
+    it and the figures kept for those entries. Returns the plan, the cache entries and the figure folders removed."""
     store = store_of(workdir)
-    with lock_workdir(workdir, note=note, keep_left=True):  # a killed round's note stays for the next round
-        plan = plan_garbage(workdir, keep_days, drop_registered_models, tracking_uri)
-        entries = sum(store.remove(ref) for ref in plan.garbage)
-        figures = store.orphan_figures()
-        for path in figures:
-            shutil.rmtree(path, ignore_errors=True)
-    return plan, entries, len(figures)
+    try:  # a series holds .rounds.lock between its rounds; a killed holder's note stays in each for the next round
+        with lock_workdir(workdir, note=note, name=".rounds.lock", what="rlhf-rounds", keep_left=True), \
+                lock_workdir(workdir, note=note, keep_left=True):
+            plan = plan_garbage(workdir, keep_days, drop_registered_models, tracking_uri)
+            keys = store.remove(*plan.garbage)
+            figures = [store.root / "plots" / key for key in keys if (store.root / "plots" / key).is_dir()]
+            for path in figures:  # only the removed entries': a killed stage's curves wait there for its resumption
+                shutil.rmtree(path, ignore_errors=True)
+    except WorkdirBusyError as err:
+        holder = str(err).split(": wait for it")[0]  # "another round is running in <workdir> (<pid, host, runs>)"
+        raise WorkdirBusyError(f"nothing removed: {holder}; clean up when it has finished") from None
+    return plan, len(keys), len(figures)

@@ -98,6 +98,7 @@ class FinishedRound(BaseModel):
 
     round_no: int = Field(ge=1)
     pairs: ArtifactRef  # the pairs its reward model learned from (rounds 1..k): what round k + 1 accumulates onto
+    imports: list[str] = []  # the digests of every round's imported pairs (comparisons)
     exports: dict[str, str] = {}  # sha256 -> file name of every annotation export the series imported
     policy: ArtifactRef
     mlflow_run_id: str
@@ -112,9 +113,9 @@ def finished_rounds(workdir: str | Path) -> dict[str, FinishedRound]:
     try:
         rounds = TypeAdapter(dict[str, FinishedRound]).validate_json(path.read_text())
     except (OSError, ValueError) as err:
-        first = err.errors()[0] if isinstance(err, ValidationError) else None
-        where = (f" (at {'.'.join(map(str, first['loc']))}: {first['msg']})" if first
-                 else f" ({type(err).__name__}: {err})")
+        first = err.errors()[0] if isinstance(err, ValidationError) else {"loc": (), "msg": str(err)}
+        at = f"at {'.'.join(map(str, first['loc']))}: " if first["loc"] else ""  # no place when it is not JSON
+        where = f" ({at}{first['msg']})"
         raise ConfigError(f"iteration.continue_series: {path} is not a record of finished rounds{where}; restore it, "
                           f"or remove it (or the damaged entry) to start those series again at round 1") from None
     return rounds
@@ -125,6 +126,22 @@ def export_files(store: ArtifactStore, export: ArtifactRef) -> dict[str, str]:
     its manifest: the user's files byte for byte, or the simulated crowd's export)."""
     files = store.manifest(export).files
     return {sha: rel.removeprefix("exports/") for rel, sha in files.items() if rel.startswith("exports/")}
+
+
+def series_exports(store: ArtifactStore, last: FinishedRound) -> dict[str, str]:
+    """Every annotation export the series learned from. A record written before exports were kept (2026-11-28) has
+    only its imports: their exports are read back from the imports' manifests, for those the store still holds."""
+    if last.exports or not last.imports:
+        return last.exports
+    exports: dict[str, str] = {}
+    for digest in last.imports:
+        try:
+            inputs = store.manifest(store.find("comparisons", digest)).inputs
+            exports |= {sha: name for i in inputs if i.kind == "annotation_export"
+                        for sha, name in export_files(store, store.find(i.kind, i.digest)).items()}
+        except FileNotFoundError:
+            continue
+    return exports
 
 
 def record_finished_round(workdir: str | Path, name: str, summary: dict[str, Any]) -> None:
@@ -141,7 +158,8 @@ def record_finished_round(workdir: str | Path, name: str, summary: dict[str, Any
     rounds[name] = FinishedRound(
         round_no=summary["round_no"],
         pairs=ArtifactRef(**pairs_so_far(artifacts)),
-        exports=(last.exports if last else {}) | exports,
+        imports=[*(last.imports if last else []), artifacts["import_annotations"]["digest"]],
+        exports=(series_exports(store, last) if last else {}) | exports,
         policy=ArtifactRef(**artifacts["ppo"]),
         mlflow_run_id=summary["mlflow"]["run_id"],
     )
@@ -156,14 +174,15 @@ def last_finished_round(workdir: str | Path, name: str) -> FinishedRound | None:
     if last is None:
         return None
     kind, digest = last.pairs.kind, last.pairs.digest
+    store = ArtifactStore(Path(workdir) / "artifacts")
     try:
-        pairs = ArtifactStore(Path(workdir) / "artifacts").find(kind, digest)
+        pairs = store.find(kind, digest)
     except FileNotFoundError:
         raise ConfigError(f"iteration.continue_series: the pairs of round {name} #{last.round_no} ({kind} "
                           f"{digest[:12]}) are no longer in {workdir}'s store, so the next round cannot learn from "
                           f"them: restore them, or remove {name!r} from {Path(workdir) / FINISHED_ROUNDS} to start "
                           "the series again at round 1") from None
-    return last.model_copy(update={"pairs": pairs})
+    return last.model_copy(update={"pairs": pairs, "exports": series_exports(store, last)})
 
 
 def check_new_import(last: FinishedRound, store: ArtifactStore, export: ArtifactRef) -> None:

@@ -1,10 +1,13 @@
 """The artifact store: whole-content digests, atomic commits, cache lookups and lineage."""
 
+import json
 import os
 import signal
 import subprocess
 import sys
 import textwrap
+import time
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -83,7 +86,7 @@ def test_damage_names_what_changed_a_broken_artifact_is_a_miss_and_its_recommit_
     assert make("k1") == ref  # ... and its commit replaces the damaged copy of the same content
     assert store.damage(ref) == [] and store.lookup("k1") == ref
     (root / "weights.bin").write_bytes(b"broken")
-    assert store.remove(ref) == 1  # the damaged artifact and its cache entry: the next run makes it again
+    assert store.remove(ref) == ["k1"]  # the damaged artifact and its cache entry: the next run makes it again
     assert not root.exists() and store.lookup("k1") is None and not list((tmp_path / "store" / ".staging").iterdir())
     (root.parent / ("f" * 64)).mkdir()
     (root.parent / ("f" * 64) / "manifest.json").write_text("{not json")
@@ -207,21 +210,29 @@ def test_a_moved_store_serves_its_own_copies(tmp_path):
     found = moved.lookup("k")
     assert found.path == str((tmp_path / "there" / "prompts" / ref.digest).resolve()) and moved.verify(found)
     assert moved.dangling_cache_entries() == []
-    assert moved.remove(found) == 1 and moved.lookup("k") is None and moved.committed() == []
+    assert moved.remove(found) == ["k"] and moved.lookup("k") is None and moved.committed() == []
+
+
+def _committed_days_ago(store, ref, key: str, days: float) -> None:
+    """Move an artifact's commit time (its manifest's created_at, outside its digest) and its cache entry's back."""
+    then = time.time() - days * 86400
+    manifest = Path(ref.path) / "manifest.json"
+    manifest.write_text(json.dumps(json.loads(manifest.read_text()) | {"created_at": then}))
+    os.utime(store.root / "cache" / f"{key}.json", (then, then))
 
 
 def test_unreferenced_is_what_nothing_recent_or_kept_was_made_from(tmp_path):
     """A garbage collection's plan: kept are the roots given, whatever was committed or served from the cache since
     a time, and the lineage of both; an artifact whose manifest cannot be read is never collected; a model held
     elsewhere (a registry) is not kept for the lineage alone, nor what only it was made from."""
-    import time
-
     store = ArtifactStore(tmp_path / "store")
 
-    def commit(name: str, key: str, inputs=None):
+    def commit(name: str, key: str, inputs=None, days_ago: float = 7):
         with store.staging() as staged:
             (staged / "x.txt").write_text(name)
-            return _commit(store, staged, kind=name.rstrip("0123456789"), inputs=inputs, key=key)
+            ref = _commit(store, staged, kind=name.rstrip("0123456789"), inputs=inputs, key=key)
+        _committed_days_ago(store, ref, key, days_ago)
+        return ref
 
     world = commit("world", "k-world")
     stale = commit("votes1", "k-stale", {"world": world})  # an old execution nothing uses now
@@ -232,11 +243,9 @@ def test_unreferenced_is_what_nothing_recent_or_kept_was_made_from(tmp_path):
     (tmp_path / "store" / "votes" / broken.digest / "manifest.json").write_text("{")
     old_data = commit("denoised", "k-old-data")
     old_model = commit("reward_model", "k-old-model", {"denoise": old_data})
-    time.sleep(0.05)
-    since = time.time()
-    time.sleep(0.05)
     assert store.lookup("k-served") == served  # a cache hit is a use
-    recent = commit("policy2", "k-recent", {"world": world, "reward": old_model})  # made now, from old artifacts
+    recent = commit("policy2", "k-recent", {"world": world, "reward": old_model}, days_ago=0.5)  # from old artifacts
+    since = time.time() - 86400
     garbage, unreadable = store.unreferenced([head], used_since=since)
     assert garbage == [stale] and unreadable == [broken]
     held = frozenset({(old_model.digest, "reward_model"), (head.digest, "policy")})
@@ -244,7 +253,5 @@ def test_unreferenced_is_what_nothing_recent_or_kept_was_made_from(tmp_path):
     assert garbage == [old_data, old_model, stale]  # in kind order; the head stays: it is a root
     garbage, _ = store.unreferenced([], used_since=time.time() + 1)  # nothing recent, no roots
     assert set(garbage) == {world, stale, head_input, head, served, old_data, old_model, recent}
-    (tmp_path / "store" / "plots" / "k-stale").mkdir(parents=True)
-    (tmp_path / "store" / "plots" / "k-head").mkdir()
-    store.remove(stale)
-    assert store.orphan_figures() == [tmp_path / "store" / "plots" / "k-stale"]
+    (tmp_path / "store" / "cache" / "unreadable.json").write_text("{")  # skipped, as lookups skip it
+    assert store.remove(stale, stale) == ["k-stale"] and not Path(stale.path).exists()

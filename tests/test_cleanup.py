@@ -57,6 +57,8 @@ def test_the_cleanup_flow_deletes_what_nothing_recent_was_made_from(prefect_api,
     assert shown and "1 unreferenced (1.0 MiB), removed" in shown[0].data and "| votes | 1 | 1.0 |" in shown[0].data
     with pytest.raises(ValueError, match="is not a round's workdir"):
         rlhf_gc(workdir=str(tmp_path / "elsewhere"))
+    with pytest.raises(ValueError, match="keep_days must be at least 1"):  # a chained round's start would go
+        rlhf_gc(keep_days=0.5)
 
 
 def test_the_cleanup_deployment_runs_the_flow_with_its_parameters():

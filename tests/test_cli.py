@@ -326,8 +326,9 @@ def test_verify_finds_damaged_artifacts_and_unfinished_executions_and_removes_th
 
 
 def test_gc_lists_what_nothing_kept_was_made_from_and_removes_it_only_when_asked(tmp_path):
-    """`rlhf gc`: a series' head (finished-rounds.json) and its lineage stay however old, as does recent work; the
-    rest is listed, and deleted with its cache entries and figures only with --remove, never under a live round."""
+    """`rlhf gc`: a series' head (finished-rounds.json) and its lineage stay however old, as do recent work and
+    responses out for annotation; the rest is listed, and deleted with its cache entries and figures only with
+    --remove, never under a live round or series, never a killed stage's curves."""
     import json
     import os
     import time
@@ -340,48 +341,57 @@ def test_gc_lists_what_nothing_kept_was_made_from_and_removes_it_only_when_asked
 
     workdir = tmp_path / "w"
     store = ArtifactStore(workdir / "artifacts")
+    week_ago = time.time() - 7 * 86400
 
     def commit(kind: str, content: bytes, key: str, inputs=None):
+        """An artifact committed a week ago (its manifest's time, outside its digest, and its cache entry's)."""
         with store.staging() as staged:
             (staged / "table.parquet").write_bytes(content)
             ref = store.commit(staged, kind=kind, stage=kind, stage_version="1", code_version="t", config={},
                                config_digest="c", inputs=inputs or {}, cache_key=key)
+        manifest = workdir / "artifacts" / kind / ref.digest / "manifest.json"
+        manifest.write_text(json.dumps(json.loads(manifest.read_text()) | {"created_at": week_ago}))
+        os.utime(workdir / "artifacts" / "cache" / f"{key}.json", (week_ago, week_ago))
         (workdir / "artifacts" / "plots" / key).mkdir(parents=True)
         return ref
+
+    def record(round_no: int, pairs, policy) -> None:
+        (workdir / FINISHED_ROUNDS).write_text(json.dumps({"weekly": {
+            "round_no": round_no, "pairs": pairs.model_dump(), "policy": policy.model_dump(), "mlflow_run_id": "r"}}))
 
     pairs = commit("comparisons", b"p" * 2**20, "k-pairs")
     policy = commit("policy", b"w", "k-policy", {"pairs": pairs})
     stale = commit("votes", b"v" * 2**20, "k-stale", {"pairs": pairs})
-    (workdir / FINISHED_ROUNDS).write_text(json.dumps({"weekly": {
-        "round_no": 3, "pairs": pairs.model_dump(), "policy": policy.model_dump(), "mlflow_run_id": "r3"}}))
-    week_ago = time.time() - 7 * 86400
-    for entry in (workdir / "artifacts" / "cache").iterdir():  # the cache entries' times: last used a week ago
-        os.utime(entry, (week_ago, week_ago))
+    out_for_annotation = commit("responses", b"r0", "k-out")
+    (workdir / "artifacts" / "plots" / "k-killed-ppo").mkdir()  # a killed stage's curves: no cache entry yet
+    record(3, pairs, policy)
 
     result = runner.invoke(app, ["gc", str(workdir)])  # all used within 30 days: nothing to collect
-    assert result.exit_code == 0 and "3 kept" in result.output and "0 unreferenced" in result.output, result.output
-    # manifests say when each was committed (now): only an explicit 0 days makes them old enough
-    result = runner.invoke(app, ["gc", str(workdir), "--keep-days", "0"])
+    assert result.exit_code == 0 and "4 kept" in result.output and "0 unreferenced" in result.output, result.output
+    result = runner.invoke(app, ["gc", str(workdir), "--keep-days", "1"])
     assert result.exit_code == 0, result.output
-    assert "2 kept" in result.output and "1 unreferenced (1.0 MiB)" in result.output and "votes" in result.output
-    assert "--keep-days 0 --remove` to delete them" in result.output
+    assert "3 kept" in result.output and "1 unreferenced (1.0 MiB)" in result.output and "votes" in result.output
+    assert "--keep-days 1 --remove` to delete them" in result.output
     assert (workdir / "artifacts" / "votes" / stale.digest).is_dir()  # nothing removed unasked
-    with lock_workdir(workdir, note="a round"):
-        busy = runner.invoke(app, ["gc", str(workdir), "--keep-days", "0", "--remove"])
-    assert busy.exit_code == 2 and "nothing removed" in busy.output
-    result = runner.invoke(app, ["gc", str(workdir), "--keep-days", "0", "--remove"])
+    assert runner.invoke(app, ["gc", str(workdir), "--keep-days", "0.5"]).exit_code == 2  # under a day: refused
+    for lock in (".round.lock", ".rounds.lock"):  # a round, or a series between its rounds
+        with lock_workdir(workdir, note="a round", name=lock):
+            busy = runner.invoke(app, ["gc", str(workdir), "--keep-days", "1", "--remove"])
+        assert busy.exit_code == 2 and "nothing removed: another" in busy.output, busy.output
+    result = runner.invoke(app, ["gc", str(workdir), "--keep-days", "1", "--remove"])
     assert result.exit_code == 0, result.output
     assert "removed 1 artifacts (1.0 MiB), 1 cache entries and 1 figure directories" in result.output
     assert not (workdir / "artifacts" / "votes" / stale.digest).exists()
     assert not (workdir / "artifacts" / "plots" / "k-stale").exists()
-    assert store.lookup("k-pairs") == pairs and store.lookup("k-policy") == policy  # the series goes on
-    # --drop-registered-models: a policy only the series' lineage reaches goes once the registry holds it
+    assert (workdir / "artifacts" / "plots" / "k-killed-ppo").is_dir()  # its resumption replays them
+    assert {r.digest for r in store.committed()} == {pairs.digest, policy.digest, out_for_annotation.digest}
+    # once imported, the responses are the import's lineage like any other; --drop-registered-models: a policy only
+    # the series' lineage reaches goes once the registry holds it
     generator = commit("policy", b"g" * 2**20, "k-generator")
     responses = commit("responses", b"r", "k-responses", {"policy": generator})
     week4 = commit("comparisons", b"p4", "k-pairs4", {"responses": responses})
-    (workdir / FINISHED_ROUNDS).write_text(json.dumps({"weekly": {
-        "round_no": 4, "pairs": week4.model_dump(), "policy": policy.model_dump(), "mlflow_run_id": "r4"}}))
-    drop = ["gc", str(workdir), "--keep-days", "0", "--drop-registered-models"]
+    record(4, week4, policy)
+    drop = ["gc", str(workdir), "--keep-days", "1", "--drop-registered-models"]
     result = runner.invoke(app, drop)
     assert result.exit_code == 0 and "0 unreferenced" in result.output, result.output  # not registered: kept
     client = MlflowClient(f"sqlite:///{workdir / 'mlflow.db'}")
@@ -390,11 +400,11 @@ def test_gc_lists_what_nothing_kept_was_made_from_and_removes_it_only_when_asked
     result = runner.invoke(app, drop)
     assert "1 unreferenced (1.0 MiB)" in result.output and "--drop-registered-models --remove` to" in result.output
     assert runner.invoke(app, [*drop, "--remove"]).exit_code == 0
-    assert not os.path.exists(generator.path) and store.lookup("k-responses") == responses
+    assert not os.path.exists(generator.path) and os.path.exists(responses.path)
     (workdir / FINISHED_ROUNDS).write_text("{")  # a record that does not read: nothing is collected
-    refused = runner.invoke(app, ["gc", str(workdir), "--keep-days", "0", "--remove"])
+    refused = runner.invoke(app, ["gc", str(workdir), "--keep-days", "1", "--remove"])
     assert refused.exit_code == 2 and "is not a record of finished rounds" in refused.output
-    assert store.lookup("k-pairs") == pairs
+    assert os.path.exists(pairs.path) and os.path.exists(week4.path)
     assert runner.invoke(app, ["gc", str(tmp_path / "nothing")]).exit_code == 2
 
 

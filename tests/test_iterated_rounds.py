@@ -4,6 +4,7 @@ votes on and trains with the pairs of rounds 1 and 2 (iteration.pairs: accumulat
 the Prefect log and in MLflow."""
 
 import hashlib
+import json
 from pathlib import Path
 
 import pytest
@@ -174,13 +175,13 @@ def test_a_continued_series_refuses_what_it_cannot_continue(tmp_path):
     assert last_finished_round(tmp_path, "weekly") is None  # nothing finished yet: round 1
     store = ArtifactStore(tmp_path / "artifacts")
 
-    def commit(kind: str, files: dict[str, bytes]) -> ArtifactRef:
+    def commit(kind: str, files: dict[str, bytes], inputs=None) -> ArtifactRef:
         with store.staging() as out:
             for name, content in files.items():
                 (out / name).parent.mkdir(parents=True, exist_ok=True)
                 (out / name).write_bytes(content)
             return store.commit(out, kind=kind, stage=kind, stage_version="1", code_version="t", config={},
-                                config_digest="c", inputs={}, cache_key=kind + str(sorted(files)))
+                                config_digest="c", inputs=inputs or {}, cache_key=kind + str(sorted(files)))
 
     pairs = commit("comparisons", {"comparisons.parquet": b"pairs"})
     week1 = commit("annotation_export", {"exports/00-week1.json": b"[1]"})
@@ -203,15 +204,23 @@ def test_a_continued_series_refuses_what_it_cannot_continue(tmp_path):
     record_finished_round(tmp_path, "weekly", summary | {"round_no": 2, "artifacts": summary["artifacts"] | {
         "annotators": commit("annotation_export", {"exports/00-week2.json": b"[2]"}).model_dump()}})
     assert set(last_finished_round(tmp_path, "weekly").exports) == {_sha(b"[1]"), _sha(b"[2]")}
-    # a record edited by hand: one line naming the file and the entry, not a KeyError mid-round
+    # a record written before exports were kept (imports only): its exports are read back from the imports' inputs
     record = tmp_path / FINISHED_ROUNDS
     good = record.read_text()
+    imported = commit("comparisons", {"comparisons.parquet": b"week 1's pairs"}, inputs={"export": week1})
+    record.write_text(json.dumps({"weekly": {"round_no": 1, "pairs": ref, "imports": [imported.digest], "policy": ref,
+                                             "mlflow_run_id": "r1"}}))
+    legacy = last_finished_round(tmp_path, "weekly")
+    assert legacy.exports == {_sha(b"[1]"): "00-week1.json"}
+    with pytest.raises(ConfigError, match=r"already learned from: 01-old.json \(as 00-week1.json\)"):
+        check_new_import(legacy, store, week2)
+    # a record edited by hand: one line naming the file and the entry, not a KeyError mid-round
     record.write_text(good.replace('"round_no": 2', '"round": 2'))
     not_a_record = rf"{FINISHED_ROUNDS} is not a record of finished rounds"
     with pytest.raises(ConfigError, match=not_a_record + r" \(at weekly.round_no"):
         last_finished_round(tmp_path, "weekly")
     record.write_text(good[:-20])
-    with pytest.raises(ConfigError, match=not_a_record + " .*remove it"):
+    with pytest.raises(ConfigError, match=not_a_record + r" \(Invalid JSON.*remove it"):
         last_finished_round(tmp_path, "weekly")
     record.write_text(good)
     store.remove(pairs)

@@ -165,3 +165,28 @@ def test_a_stage_alone_refuses_a_continued_series_config(round_to_vote):
     series = cfg.model_copy(update={"iteration": cfg.iteration.model_copy(update={"continue_series": True})})
     with pytest.raises(ConfigError, match="set it false for a stage run alone"):
         rlhf_stage(stage="denoise", inputs={"vote": f"votes:{first['artifacts']['vote']['digest']}"}, config=series)
+
+
+def test_an_input_that_leaves_the_store_before_the_lock_is_refused_before_any_work(round_to_vote, monkeypatch):
+    """Inputs are checked before the workdir's lock is taken (the round's own are looked up under the lock of a
+    round up to that stage): one collected in between (`rlhf gc`) is refused, naming it, not read half-way."""
+    import shutil
+    from contextlib import contextmanager
+
+    import flows.stages
+    from flows.stages import rlhf_stage
+
+    cfg, first = round_to_vote
+    copy = Path(cfg.workdir) / "votes-collected-in-between"
+    shutil.copytree(first["artifacts"]["vote"]["path"], copy)
+    real_lock = flows.stages.lock_workdir
+
+    @contextmanager
+    def lock_after_a_collection(*args, **kwargs):
+        shutil.rmtree(copy)
+        with real_lock(*args, **kwargs) as left:
+            yield left
+
+    monkeypatch.setattr(flows.stages, "lock_workdir", lock_after_a_collection)
+    with pytest.raises(ConfigError, match=r"inputs: vote \(votes:\w{12}\) left the store after they were checked"):
+        rlhf_stage(stage="denoise", config=cfg, inputs={"vote": str(copy)})
