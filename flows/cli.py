@@ -238,7 +238,7 @@ def verify(
     from rich.progress import track
 
     from rlhf_core.artifacts import ArtifactStore
-    from tasks.common import WorkdirBusyError, lock_workdir, scratch_dirs
+    from tasks.common import MAINTENANCE, WorkdirBusyError, lock_workdir, scratch_dirs
 
     store_root = workdir / "artifacts"
     if not store_root.is_dir():
@@ -260,7 +260,7 @@ def verify(
                       "of its stage with the same config and inputs resumes there)", soft_wrap=True)
     if remove or remove_scratch:
         try:  # no round may read or write while things go; a killed round's note stays for the next round
-            with lock_workdir(workdir, note="rlhf verify", keep_left=True):
+            with lock_workdir(workdir, note=f"{MAINTENANCE} rlhf verify", keep_left=True, maintenance_wait_s=0):
                 if remove:
                     store.remove(*damaged)
                     for entry in dangling:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rlhf_core.artifacts import ArtifactRef, ArtifactStore
-from tasks.common import WorkdirBusyError, lock_workdir
+from tasks.common import MAINTENANCE, WorkdirBusyError, lock_workdir
 from tasks.iteration import finished_rounds
 from tasks.promotion import registered_models
 from tasks.tracking import default_tracking_uri
@@ -93,8 +93,9 @@ def collect_garbage(workdir: str | Path, keep_days: float, drop_registered_model
     it and the figures kept for those entries. Returns the plan, the cache entries and the figure folders removed."""
     store = store_of(workdir)
     try:  # a series holds .rounds.lock between its rounds; a killed holder's note stays in each for the next round
-        with lock_workdir(workdir, note=note, name=".rounds.lock", what="rlhf-rounds", keep_left=True), \
-                lock_workdir(workdir, note=note, keep_left=True):
+        note, wait = f"{MAINTENANCE} {note}", {"keep_left": True, "maintenance_wait_s": 0}
+        with lock_workdir(workdir, note=note, name=".rounds.lock", what="rlhf-rounds", **wait), \
+                lock_workdir(workdir, note=note, **wait):
             plan = plan_garbage(workdir, keep_days, drop_registered_models, tracking_uri)
             keys = store.remove(*plan.garbage)
             figures = [store.root / "plots" / key for key in keys if (store.root / "plots" / key).is_dir()]

@@ -100,9 +100,13 @@ class WorkdirBusyError(RuntimeError):
     """Another round holds the workdir."""
 
 
+MAINTENANCE = "maintenance:"  # the start of a store maintenance's note (rlhf verify / gc): a round waits for it
+MAINTENANCE_WAIT_S = 600.0  # how long at most: gc plans again under the lock (every manifest read)
+
+
 @contextmanager
 def lock_workdir(workdir: str | Path, note: str = "", name: str = ".round.lock", what: str = "round",
-                 keep_left: bool = False) -> Iterator[str]:
+                 keep_left: bool = False, maintenance_wait_s: float = MAINTENANCE_WAIT_S) -> Iterator[str]:
     """Hold `<workdir>/<name>` for the duration: a second round in the same workdir fails at once.
 
     Two rounds at once in one workdir race on the first creation of mlflow.db, on the scratch
@@ -111,6 +115,8 @@ def lock_workdir(workdir: str | Path, note: str = "", name: str = ".round.lock",
     holder that never let go (a killed round) left there, "" otherwise: the next round knows which runs it left.
     The first round to take a workdir also leaves a `.gitignore` of `*` in it. `keep_left`: a holder that closes
     nothing of a killed round's (`rlhf verify`) puts its note back when it lets go, for the next round.
+    A holder whose note starts with MAINTENANCE (`rlhf verify --remove`, `rlhf gc --remove`: seconds) is waited for,
+    up to `maintenance_wait_s`: a round a Prefect event started (a new export, announced once) is not lost to it.
     """
     path = Path(workdir)
     path.mkdir(parents=True, exist_ok=True)
@@ -118,13 +124,18 @@ def lock_workdir(workdir: str | Path, note: str = "", name: str = ".round.lock",
         # inside a checkout stays out of git (never the checkout's own root)
         (path / ".gitignore").write_text("# a round's workdir (artifacts, runs, caches), written by rlhf\n*\n")
     with open(path / name, "a+") as f:
-        try:
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            f.seek(0)
-            holder = f.read().strip() or "another process"
-            raise WorkdirBusyError(f"another {what} is running in {path} ({holder}): wait for it to finish, "
-                                   f"or give this {what} its own workdir") from None
+        deadline = time.monotonic() + maintenance_wait_s
+        while True:
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                f.seek(0)
+                holder = f.read().strip() or "another process"
+                if MAINTENANCE not in holder or time.monotonic() > deadline:
+                    raise WorkdirBusyError(f"another {what} is running in {path} ({holder}): wait for it to "
+                                           f"finish, or give this {what} its own workdir") from None
+                time.sleep(0.5)
         f.seek(0)
         left_by_killed = f.read().strip()
         f.seek(0)

@@ -104,6 +104,41 @@ def test_a_second_round_in_a_busy_workdir_fails_at_once_naming_the_holder(tmp_pa
     assert (tmp_path / ".gitignore").read_text().splitlines()[-1] == "*"  # a workdir never shows in git status
 
 
+def test_a_round_waits_for_a_store_maintenance_but_never_for_another_round(tmp_path):
+    """`rlhf gc --remove` / `rlhf verify --remove` hold the lock for seconds: a round (one a Prefect event started
+    for an export announced once) waits for them, up to a bound, instead of failing; for a round it fails at once."""
+    import threading
+    import time
+
+    from tasks.common import MAINTENANCE, WorkdirBusyError, lock_workdir
+
+    def hold(note: str, seconds: float, held: threading.Event) -> None:
+        with lock_workdir(tmp_path, note=note):
+            held.set()
+            time.sleep(seconds)
+
+    held = threading.Event()
+    holder = threading.Thread(target=hold, args=(f"{MAINTENANCE} rlhf gc", 1.0, held))
+    holder.start()
+    held.wait()
+    start = time.monotonic()
+    with lock_workdir(tmp_path, note="a round"):
+        waited = time.monotonic() - start
+    holder.join()
+    assert 0.3 < waited < 30
+    for note, wait in (("prefect flow runs abc", 600.0), (f"{MAINTENANCE} rlhf gc", 0.2)):
+        held = threading.Event()
+        holder = threading.Thread(target=hold, args=(note, 2.0, held))
+        holder.start()
+        held.wait()
+        start = time.monotonic()
+        with pytest.raises(WorkdirBusyError, match=f"another round is running in .*{note}"):
+            with lock_workdir(tmp_path, maintenance_wait_s=wait):
+                pass
+        assert time.monotonic() - start < 1.5  # a round at once; a maintenance after the bound
+        holder.join()
+
+
 @pytest.mark.parametrize("name, content", [
     ("truncated.json", b'[{"id": 1, "annotations": [{"result": '),
     ("binary.json", bytes(range(256)) * 4),
