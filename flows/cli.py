@@ -56,12 +56,13 @@ def _user_error_types() -> tuple[type[Exception], ...]:
     from rlhf_core.generation.plan import GenerationInputError
     from rlhf_core.paths import PathNotAllowedError
     from tasks.annotation import ExportChangedError
+    from tasks.cleanup import NotAWorkdirError
     from tasks.common import WorkdirBusyError
     from tasks.tracking import TrackingUnavailableError
 
     return (ConfigError, PathNotAllowedError, ImportFormatError, ExportChangedError, GenerationInputError,
             WorkdirBusyError, TrackingUnavailableError, LocalAPIError, DamagedArtifactError, ChatServerUnavailableError,
-            JudgeError, TaggerError)
+            JudgeError, TaggerError, NotAWorkdirError)
 
 
 @contextmanager
@@ -237,20 +238,17 @@ def verify(
     """Check every artifact of a workdir byte for byte against its manifest; list unfinished stage executions."""
     from rich.progress import track
 
-    from rlhf_core.artifacts import ArtifactStore
+    from tasks.cleanup import store_of
     from tasks.common import MAINTENANCE, WorkdirBusyError, lock_workdir, scratch_dirs
 
-    store_root = workdir / "artifacts"
-    if not store_root.is_dir():
-        console.print(f"[red]{workdir} is not a round's workdir (it has no artifacts/)[/red]", soft_wrap=True)
-        raise typer.Exit(2)
-    store = ArtifactStore(store_root)
+    with user_errors():  # not a round's workdir
+        store = store_of(workdir)
     refs = store.committed()
     damaged = {ref: problems for ref in track(refs, description="verify", console=console, transient=True)
                if (problems := store.damage(ref))}
     dangling = store.dangling_cache_entries()
     scratch = scratch_dirs(workdir)
-    console.print(f"{len(refs)} artifacts in {store_root}: {len(refs) - len(damaged)} intact, {len(damaged)} damaged; "
+    console.print(f"{len(refs)} artifacts in {store.root}: {len(refs) - len(damaged)} intact, {len(damaged)} damaged; "
                   f"{len(dangling)} cache entries point at no artifact", soft_wrap=True)
     for ref, problems in damaged.items():
         console.print(f"[red]damaged[/red] {ref.kind}:{ref.digest[:12]} {ref.path}: {'; '.join(problems)}",
@@ -303,23 +301,15 @@ def gc_cmd(
     the models the registry holds). What goes is made again by the stage
     that made it, should a round need it. MLflow's copies of models and metrics are MLflow's to clean (`mlflow gc`
     after deleting runs). The same as the flow rlhf-gc (deployment rlhf-gc/weekly-cleanup)."""
-    from tasks.cleanup import NotAWorkdirError, collect_garbage, plan_garbage, store_of
-    from tasks.common import WorkdirBusyError
+    from tasks.cleanup import collect_garbage, plan_garbage, store_of
 
     options = {"keep_days": keep_days, "drop_registered_models": drop_registered_models, "tracking_uri": tracking_uri}
-    with user_errors():  # a series record edited by hand, a registry that does not answer: one line, nothing removed
-        try:
-            store = store_of(workdir)
-            if not remove:
-                plan = plan_garbage(workdir, **options)
-            else:
-                plan, entries, figures = collect_garbage(workdir, **options)
-        except NotAWorkdirError as err:
-            console.print(f"[red]{err}[/red]", soft_wrap=True)
-            raise typer.Exit(2) from None
-        except WorkdirBusyError as err:
-            console.print(f"[red]{err}[/red]", soft_wrap=True)
-            raise typer.Exit(2) from None
+    with user_errors():  # not a workdir, a round running, a series record edited by hand, a registry that does not
+        store = store_of(workdir)  # answer: one line, nothing removed
+        if not remove:
+            plan = plan_garbage(workdir, **options)
+        else:
+            plan, entries, figures = collect_garbage(workdir, **options)
     freed = sum(plan.sizes.values())
     console.print(f"{plan.n_artifacts} artifacts in {store.root}: {plan.n_artifacts - len(plan.garbage)} kept (used in "
                   f"the last {keep_days:g} days, the last finished round of {plan.n_series} series, and what they "

@@ -249,6 +249,15 @@ class ArtifactStore:
         ref = ArtifactRef.model_validate_json(entry.read_text())
         return ref.model_copy(update={"path": str(self.root / ref.kind / ref.digest)})
 
+    def _entries(self) -> Iterator[tuple[Path, ArtifactRef]]:
+        """Every cache entry that reads, with the artifact it names; one that does not read is a miss to lookups and
+        is skipped here."""
+        for entry in sorted((self.root / "cache").glob("*.json")):
+            try:
+                yield entry, self._entry_ref(entry)
+            except (OSError, ValueError):
+                continue
+
     def lookup(self, key: str) -> ArtifactRef | None:
         """The artifact a finished stage execution with this cache key produced, if it is intact (its manifest and
         every file it lists there, nothing else: a cheap check; `damage(ref)` hashes every byte)."""
@@ -296,11 +305,7 @@ class ArtifactStore:
         process uses this store (a round holds its workdir's lock)."""
         gone = {(ref.kind, ref.digest) for ref in refs}
         keys = []
-        for entry in (self.root / "cache").glob("*.json"):  # first: a cache entry never points at a half-deleted one
-            try:
-                named = self._entry_ref(entry)
-            except (OSError, ValueError):  # an entry that does not read is a miss to lookups; not this call's to judge
-                continue
+        for entry, named in self._entries():  # first: a cache entry never points at a half-deleted artifact
             if (named.kind, named.digest) in gone:
                 entry.unlink()
                 keys.append(entry.stem)
@@ -330,8 +335,7 @@ class ArtifactStore:
 
     def dangling_cache_entries(self) -> list[Path]:
         """Cache entries whose artifact is gone (e.g. deleted by hand): lookups treat them as misses."""
-        entries = sorted((self.root / "cache").glob("*.json"))
-        return [e for e in entries if not (Path(self._entry_ref(e).path) / MANIFEST).is_file()]
+        return [entry for entry, ref in self._entries() if not (Path(ref.path) / MANIFEST).is_file()]
 
     def artifacts(self, kind: str) -> list[ArtifactRef]:
         """Every committed artifact of `kind`, in digest order."""
@@ -347,11 +351,7 @@ class ArtifactStore:
         something else needs them. Returns (unreferenced, unreadable): an artifact whose manifest cannot be read is
         never called unreferenced (its inputs are unknown); `rlhf verify --remove` deals with it."""
         used: dict[tuple[str, str], float] = {}  # (digest, kind) -> when a cache entry of it was last written or used
-        for entry in (self.root / "cache").glob("*.json"):
-            try:
-                ref = self._entry_ref(entry)
-            except (OSError, ValueError):
-                continue
+        for entry, ref in self._entries():
             used[ref.digest, ref.kind] = max(used.get((ref.digest, ref.kind), 0.0), entry.stat().st_mtime)
         manifests, unreadable = {}, []
         for ref in self.committed():

@@ -102,6 +102,6 @@ def collect_garbage(workdir: str | Path, keep_days: float, drop_registered_model
             for path in figures:  # only the removed entries': a killed stage's curves wait there for its resumption
                 shutil.rmtree(path, ignore_errors=True)
     except WorkdirBusyError as err:
-        holder = str(err).split(": wait for it")[0]  # "another round is running in <workdir> (<pid, host, runs>)"
-        raise WorkdirBusyError(f"nothing removed: {holder}; clean up when it has finished") from None
+        raise WorkdirBusyError(f"nothing removed: another round or rlhf-rounds is running in {workdir} ({err.holder}); "
+                               "clean up when it has finished", err.holder) from None
     return plan, len(keys), len(figures)

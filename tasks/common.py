@@ -97,7 +97,11 @@ def code_tags() -> dict[str, str]:
 
 
 class WorkdirBusyError(RuntimeError):
-    """Another round holds the workdir."""
+    """Another round holds the workdir; `holder` is what it wrote into the lock (pid, host, note)."""
+
+    def __init__(self, message: str, holder: str = ""):
+        super().__init__(message)
+        self.holder = holder
 
 
 MAINTENANCE = "maintenance:"  # the start of a store maintenance's note (rlhf verify / gc): a round waits for it
@@ -134,7 +138,7 @@ def lock_workdir(workdir: str | Path, note: str = "", name: str = ".round.lock",
                 holder = f.read().strip() or "another process"
                 if MAINTENANCE not in holder or time.monotonic() > deadline:
                     raise WorkdirBusyError(f"another {what} is running in {path} ({holder}): wait for it to "
-                                           f"finish, or give this {what} its own workdir") from None
+                                           f"finish, or give this {what} its own workdir", holder) from None
                 time.sleep(0.5)
         f.seek(0)
         left_by_killed = f.read().strip()
