@@ -36,7 +36,7 @@ import rlhf_core
 from rlhf_core.annotation.importer import is_export_name
 from rlhf_core.artifacts import ArtifactRef, ArtifactStore, DamagedArtifactError, Manifest, cache_key
 from rlhf_core.config import RESOLVED, config_digest
-from tasks.tracking import Tracker
+from tasks.tracking import Tracker, serving_config
 
 log = logging.getLogger("rlhf")
 
@@ -438,7 +438,7 @@ def _log_outputs(store: ArtifactStore, tracker: Tracker, run_id: str, ref: Artif
         params = {"config_digest": manifest.config_digest, "code_version": manifest.code_version,
                   "stage_version": manifest.stage_version, "base_model": _base_model(manifest)}
         tracker.register_model(run_id, Path(ref.path), register_as, alias="candidate", tags=tags, params=params,
-                               metrics=metrics)
+                               metrics=metrics, pyfunc=serving_config(ref.kind, manifest.config))
         return
     tracker.log_metrics(run_id, metrics)
     root = Path(ref.path)

@@ -56,6 +56,64 @@ def default_tracking_uri(workdir: str | Path) -> str:
     return f"sqlite:///{(Path(workdir).resolve() / 'mlflow.db').as_posix()}"
 
 
+# What a registered model's pyfunc needs installed beside its own copy of rlhf_core (pinned as installed here)
+SERVING_REQUIREMENTS = ("mlflow", "torch", "transformers", "safetensors", "tokenizers", "numpy", "pandas", "pydantic",
+                        "pyyaml")
+
+
+def serving_config(kind: str, stage_config: dict[str, Any]) -> dict[str, Any]:
+    """The pyfunc's `model_config` for a model artifact: its kind and the stage's lengths (the reward model reads
+    prompt + response as it was trained to, max_length; a policy answers up to the round's max_new_tokens)."""
+    from rlhf_core import serving
+
+    if kind == serving.REWARD_MODEL:
+        length = stage_config.get("reward", {}).get("train", {}).get("max_length")
+        return {"kind": kind, "max_length": int(length or serving.REWARD_DEFAULTS["max_length"])}
+    length = stage_config.get("ppo", {}).get("max_new_tokens")
+    return {"kind": serving.POLICY, "max_new_tokens": int(length or serving.POLICY_DEFAULTS["max_new_tokens"])}
+
+
+def write_pyfunc_files(folder: Path, run_id: str, model_id: str, name: str, model_config: dict[str, Any]) -> None:
+    """Into `folder`: the MLmodel file of a pyfunc whose loader is rlhf_core.serving (the model's own files sit
+    beside it: its data path is the model's root), its input, output and parameter schema, the Python environment,
+    and under code/ the rlhf_core that trained it, so the model is served by the code that made it."""
+    import platform
+    import shutil
+    from importlib.metadata import PackageNotFoundError, version
+
+    import mlflow.pyfunc
+    from mlflow.models import Model, ModelSignature
+    from mlflow.types.schema import ColSpec, ParamSchema, ParamSpec, Schema
+
+    import rlhf_core
+    from rlhf_core import serving
+
+    if model_config["kind"] == serving.REWARD_MODEL:
+        columns, outputs, defaults = ("prompt", "response"), "reward", serving.REWARD_DEFAULTS
+    else:
+        columns, outputs, defaults = ("prompt",), "response", serving.POLICY_DEFAULTS
+    defaults = defaults | {k: v for k, v in model_config.items() if k in defaults}
+    signature = ModelSignature(
+        inputs=Schema([ColSpec("string", c) for c in columns]),
+        outputs=Schema([ColSpec("double" if outputs == "reward" else "string", outputs)]),
+        params=ParamSchema([ParamSpec(k, "long" if isinstance(v, int) else "double", v) for k, v in defaults.items()]))
+    shutil.copytree(Path(rlhf_core.__file__).parent, folder / "code" / "rlhf_core",
+                    ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    pins = []
+    for package in SERVING_REQUIREMENTS:
+        try:
+            pins.append(f"{package}=={version(package).split('+')[0]}")  # 2.13.0+cpu: the build is the machine's
+        except PackageNotFoundError:
+            pins.append(package)
+    (folder / "requirements.txt").write_text("\n".join(pins) + "\n")
+    (folder / "python_env.yaml").write_text(f"python: {platform.python_version()}\nbuild_dependencies:\n- pip\n"
+                                            "- setuptools\n- wheel\ndependencies:\n- -r requirements.txt\n")
+    model = Model(artifact_path=name, run_id=run_id, model_id=model_id, signature=signature)
+    mlflow.pyfunc.add_to_model(model, loader_module="rlhf_core.serving", code="code", python_env="python_env.yaml",
+                               model_config=dict(model_config))
+    model.save(str(folder / "MLmodel"))
+
+
 class TrackingUnavailableError(RuntimeError):
     """The configured MLflow tracking server does not answer; raised before any work starts."""
 
@@ -239,9 +297,12 @@ class Tracker:
         plt.close(fig)
 
     def register_model(self, run_id: str, model_dir: Path, name: str, alias: str, tags: dict[str, str],
-                       params: dict[str, Any] | None = None, metrics: dict[str, float] | None = None) -> int:
+                       params: dict[str, Any] | None = None, metrics: dict[str, float] | None = None,
+                       pyfunc: dict[str, Any] | None = None) -> int:
         """Log an HF model directory as an MLflow 3 logged model of the run and register it under `name` with
         `alias`; the run's metrics are logged linked to the model. Returns the registered version.
+        `pyfunc`: the model's kind and defaults (`serving_config`); with it the model also gets an MLmodel file, so
+        `mlflow.pyfunc.load_model("models:/<name>@<alias>")` and `mlflow models serve` work on it (rlhf_core.serving).
 
         A digest (tags["rlhf.digest"]) is registered once: when `name` already has a version for it (a cache
         hit, a re-run after a kill), the run links to that version's logged model and the version gets the alias.
@@ -254,7 +315,7 @@ class Tracker:
         digest, params, metrics = tags.get("rlhf.digest"), params or {}, metrics or {}
         version = self.model_version(name, digest) if digest is not None else None
         if version is None:
-            model_id = self._new_logged_model(run_id, model_dir, name, tags, params, metrics)
+            model_id = self._new_logged_model(run_id, model_dir, name, tags, params, metrics, pyfunc)
             with self._registry_resolves_models_uris():
                 version = self.client.create_model_version(name, source=f"models:/{model_id}", run_id=run_id,
                                                            tags=tags, model_id=model_id)
@@ -269,7 +330,8 @@ class Tracker:
         return int(version.version)
 
     def _new_logged_model(self, run_id: str, model_dir: Path, name: str, tags: dict[str, str],
-                          params: dict[str, Any], metrics: dict[str, float]) -> str:
+                          params: dict[str, Any], metrics: dict[str, float],
+                          pyfunc: dict[str, Any] | None = None) -> str:
         """A logged model of the run holding `model_dir`'s files, its params and the run's metrics; READY once
         everything is in, FAILED when anything fails on the way (a killed process leaves it PENDING, and the
         next round in the workdir marks it FAILED with the run)."""
@@ -280,6 +342,10 @@ class Tracker:
             if not (model_dir / "config.json").is_file():  # MLflow would upload an empty directory without a word
                 raise FileNotFoundError(f"{model_dir} holds no model (no config.json): nothing to log as {name}")
             self.client.log_model_artifacts(model.model_id, str(model_dir))
+            if pyfunc is not None:
+                with tempfile.TemporaryDirectory() as tmp:
+                    write_pyfunc_files(Path(tmp), run_id, model.model_id, name, pyfunc)
+                    self.client.log_model_artifacts(model.model_id, tmp)
             self.client.log_outputs(run_id, [LoggedModelOutput(model.model_id, step=0)])
             self.log_metrics(run_id, metrics, model_id=model.model_id)
         except BaseException:

@@ -235,3 +235,58 @@ def test_no_secret_reaches_the_logged_model_or_the_version(tmp_path):
     model = tracker.client.get_logged_model(registered.source.removeprefix("models:/"))
     shown = json.dumps([registered.tags, model.tags, model.params])
     assert "sk-" not in shown and model.params == {"config_digest": "c"}
+
+
+PROMPTS = ["What is 2+3?", "Compute 4-1. Be polite."]
+
+
+@pytest.mark.parametrize("stage", list(MODELS))
+def test_each_registered_model_loads_and_predicts_as_an_mlflow_pyfunc(rounds, stage, monkeypatch):
+    """`mlflow.pyfunc.load_model("models:/<name>@candidate")` gives the stage's model: the reward model scores as the
+    pipeline scores (the round's max_length), a policy answers as greedy generation does (the round's
+    max_new_tokens); the signature names the columns and parameters."""
+    import mlflow
+    import pandas as pd
+
+    from rlhf_core.generation.sampler import sample_batch
+    from rlhf_core.models import format_query, load_policy, load_tokenizer
+    from rlhf_core.reward.model import RewardModel, score_texts
+
+    summary = rounds["miss"]
+    ref = ArtifactRef(**summary["artifacts"][stage])
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", summary["mlflow"]["tracking_uri"])
+    model = mlflow.pyfunc.load_model(f"models:/{MODELS[stage]}@candidate")
+    params = {p.name: p.default for p in model.metadata.get_params_schema().params}
+    tokenizer = load_tokenizer(ref.path)
+    if stage == "reward":
+        responses = [" It is 5.", " Sure! It is 4."]
+        assert model.metadata.get_input_schema().input_names() == ["prompt", "response"]
+        assert params == {"max_length": 96, "batch_size": 64}
+        got = model.predict(pd.DataFrame({"prompt": PROMPTS, "response": responses}))
+        direct = score_texts(RewardModel.load(ref.path), tokenizer, PROMPTS, responses, max_length=96)
+        assert got.columns.tolist() == ["reward"] and got["reward"].tolist() == pytest.approx(direct.tolist(), abs=1e-6)
+        with pytest.raises(Exception, match="response"):  # a request without the response column is refused
+            model.predict(pd.DataFrame({"prompt": PROMPTS}))
+    else:
+        assert model.metadata.get_input_schema().input_names() == ["prompt"]
+        assert params["max_new_tokens"] == (12 if stage == "ppo" else 24) and params["temperature"] == 0.0
+        got = model.predict(pd.DataFrame({"prompt": PROMPTS}))
+        direct = sample_batch(load_policy(ref.path), tokenizer, [format_query(tokenizer, p) for p in PROMPTS],
+                              params["max_new_tokens"], temperature=0.0).texts
+        assert got["response"].tolist() == direct
+        shorter = model.predict(pd.DataFrame({"prompt": PROMPTS}), params={"max_new_tokens": 2})["response"]
+        assert all(len(tokenizer(s, add_special_tokens=False).input_ids) <= 2 for s in shorter)
+
+
+def test_a_pyfunc_request_it_cannot_read_is_refused_with_what_to_send(tmp_path):
+    from rlhf_core.serving import POLICY_DEFAULTS, _rows, _settings
+
+    assert _rows(["a", "b"], ("prompt",))["prompt"].tolist() == ["a", "b"]
+    assert _rows([{"prompt": "p", "response": "r"}], ("prompt", "response")).shape == (1, 2)
+    with pytest.raises(ValueError, match="no column 'response': send a table with the columns prompt, response"):
+        _rows({"prompt": ["p"]}, ("prompt", "response"))
+    with pytest.raises(ValueError, match="column 'prompt' must hold text"):
+        _rows({"prompt": [3]}, ("prompt",))
+    with pytest.raises(ValueError, match="unknown parameter max_tokens: this model takes batch_size, max_new_tokens"):
+        _settings(POLICY_DEFAULTS, {"max_tokens": 3})
+    assert _settings(POLICY_DEFAULTS, {"temperature": 1})["temperature"] == 1.0
