@@ -11,6 +11,7 @@ import pytest
 import torch
 from transformers import AutoModelForSequenceClassification, AutoTokenizer, BertConfig, BertModel
 
+from rlhf_core import serving
 from rlhf_core.config import RewardTrainConfig, VotingConfig
 from rlhf_core.reward.model import RewardModel, encode, score_texts
 from rlhf_core.reward.train import pairwise_accuracy, train_reward_model
@@ -64,6 +65,10 @@ def test_encoder_reward_is_what_plain_transformers_computes(encoder_dir, tmp_pat
     torch.testing.assert_close(reloaded(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]
                                         ).logits[:, 0], plain)
     torch.testing.assert_close(score_texts(RewardModel.load(tmp_path), tok, prompts, responses, 16), rewards)
+    # as the registered model's MLflow pyfunc serves it (rlhf_core.serving: the loader its MLmodel names)
+    served = serving.load(tmp_path, serving.REWARD_MODEL, {"max_length": 16}).predict(
+        pd.DataFrame({"prompt": prompts, "response": responses}))
+    torch.testing.assert_close(torch.tensor(served["reward"].to_numpy(), dtype=torch.float32), rewards)
 
 
 def test_encoder_refuses_the_logprob_read(encoder_dir):
