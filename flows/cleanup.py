@@ -34,10 +34,12 @@ def rlhf_gc(workdir: str = "rlhf-runs", keep_days: float = 30.0, drop_registered
     else:
         plan, entries, figures = plan_garbage(workdir, **options), 0, 0
     mib = sum(plan.sizes.values()) / 2**20
-    get_run_logger().info("%s: %d artifacts, %d unreferenced (%.1f MiB)%s", workdir, plan.n_artifacts,
-                          len(plan.garbage), mib, ", removed" if remove else "; nothing removed (remove: false)")
+    get_run_logger().info("%s: %d artifacts, %d unreferenced (%.1f MiB), %d unused registry downloads (%.1f MiB)%s",
+                          workdir, plan.n_artifacts, len(plan.garbage), mib, len(plan.downloads),
+                          plan.download_bytes / 2**20, ", removed" if remove else "; nothing removed (remove: false)")
     publish_markdown(_markdown(workdir, keep_days, plan, remove), key="gc", description=f"store cleanup of {workdir}")
     return {"artifacts": plan.n_artifacts, "unreferenced": len(plan.garbage), "MiB": round(mib, 1),
+            "registry_downloads": len(plan.downloads), "registry_downloads_MiB": round(plan.download_bytes / 2**20, 1),
             "removed": remove, "cache_entries_removed": entries, "figure_dirs_removed": figures,
             "unreadable": [f"{ref.kind}:{ref.digest}" for ref in plan.unreadable]}
 
@@ -46,7 +48,9 @@ def _markdown(workdir: str, keep_days: float, plan: GarbagePlan, removed: bool) 
     lines = [f"# Store cleanup of `{workdir}`", "",
              f"{plan.n_artifacts} artifacts; kept: used in the last {keep_days:g} days, the last finished round of "
              f"{plan.n_series} series, and what they were made from. {len(plan.garbage)} unreferenced "
-             f"({sum(plan.sizes.values()) / 2**20:.1f} MiB), {'removed' if removed else 'not removed'}.", ""]
+             f"({sum(plan.sizes.values()) / 2**20:.1f} MiB), and {len(plan.downloads)} registry downloads that no "
+             f"round used in that time or a killed download left ({plan.download_bytes / 2**20:.1f} MiB): "
+             f"{'removed' if removed else 'not removed'}.", ""]
     if plan.by_kind:
         lines += ["| " + " | ".join(plan.by_kind[0]) + " |", "|" + " --- |" * len(plan.by_kind[0])]
         lines += ["| " + " | ".join(map(str, row.values())) + " |" for row in plan.by_kind]

@@ -299,7 +299,8 @@ def gc_cmd(
     each series' last finished round (finished-rounds.json), the responses no import has read yet (out for
     annotation), and every artifact upstream of these (their lineage; with --drop-registered-models, not through
     the models the registry holds). What goes is made again by the stage
-    that made it, should a round need it. MLflow's copies of models and metrics are MLflow's to clean (`mlflow gc`
+    that made it, should a round need it. Models downloaded from the registry (<workdir>/registry) go when no round
+    used them in --keep-days days (downloaded again when needed). MLflow's copies of models and metrics are MLflow's to clean (`mlflow gc`
     after deleting runs). The same as the flow rlhf-gc (deployment rlhf-gc/weekly-cleanup)."""
     from tasks.cleanup import collect_garbage, plan_garbage, store_of
 
@@ -314,7 +315,11 @@ def gc_cmd(
     console.print(f"{plan.n_artifacts} artifacts in {store.root}: {plan.n_artifacts - len(plan.garbage)} kept (used in "
                   f"the last {keep_days:g} days, the last finished round of {plan.n_series} series, and what they "
                   f"were made from), {len(plan.garbage)} unreferenced ({freed / 2**20:.1f} MiB)", soft_wrap=True)
-    if plan.garbage:
+    if plan.downloads:
+        console.print(f"{len(plan.downloads)} registry downloads that no round used in the last {keep_days:g} days, "
+                      f"or a killed download left ({plan.download_bytes / 2**20:.1f} MiB under {workdir / 'registry'}: "
+                      "a round that needs such a model downloads it again)", soft_wrap=True)
+    if plan.by_kind:
         table = Table(*plan.by_kind[0])
         for row in plan.by_kind:
             table.add_row(*map(str, row.values()))
@@ -323,9 +328,9 @@ def gc_cmd(
         console.print(f"[yellow]unreadable manifest, kept[/yellow] {ref.kind}:{ref.digest[:12]}: run `rlhf verify "
                       f"{shlex.quote(str(workdir))}`", soft_wrap=True)
     if remove:
-        console.print(f"removed {len(plan.garbage)} artifacts ({freed / 2**20:.1f} MiB), {entries} cache entries and "
-                      f"{figures} figure directories", soft_wrap=True)
-    elif plan.garbage:
+        console.print(f"removed {len(plan.garbage)} artifacts ({freed / 2**20:.1f} MiB), {entries} cache entries, "
+                      f"{figures} figure directories and {len(plan.downloads)} registry downloads", soft_wrap=True)
+    elif plan.garbage or plan.downloads:
         again = [shlex.quote(str(workdir)), f"--keep-days {keep_days:g}"]
         again += ["--drop-registered-models"] * drop_registered_models
         again += [f"--tracking-uri {shlex.quote(tracking_uri)}"] if tracking_uri else []

@@ -7,6 +7,10 @@ them); the responses no import has read yet (out for annotation: made again, on 
 under the same ids, and the annotations would be joined to other texts); and everything upstream of these. With
 `drop_registered_models` the walk up the lineage stops at the policies and reward models the MLflow registry holds: a
 series that starts each round from the champion keeps only its recent models locally.
+
+Models downloaded from the MLflow registry (`<workdir>/registry/<name>/<version>`, a champion the store does not hold)
+go when no round has used them in `keep_days` (`tasks.evaluation.registered_policy` marks each use): a round that needs
+that version again downloads it again. What a killed download left (`registry/<name>/download`) always goes.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from tasks.promotion import registered_models
 from tasks.tracking import default_tracking_uri
 
 MIN_KEEP_DAYS = 1.0
+REGISTRY_DOWNLOADS = "registry"  # <workdir>/registry/<name>/<version>: tasks.evaluation.registered_policy's downloads
 
 
 class NotAWorkdirError(ValueError):
@@ -37,6 +42,8 @@ class GarbagePlan:
     sizes: dict[str, int]  # digest -> bytes, of the garbage
     unreadable: list[ArtifactRef]  # manifests that do not read: never collected (`rlhf verify`)
     by_kind: list[dict[str, float | int | str]]  # a row per kind of garbage: how many, MiB, newest's age
+    downloads: list[Path]  # registry downloads unused in keep_days, and killed downloads' leftovers
+    download_bytes: int
 
 
 def _size(path: Path) -> int:
@@ -62,6 +69,14 @@ def awaiting_annotation(store: ArtifactStore) -> list[ArtifactRef]:
     return [ref for ref in store.artifacts("responses") if ref.digest not in imported]
 
 
+def stale_downloads(workdir: str | Path, used_since: float) -> list[Path]:
+    """The registry downloads no round has used since `used_since` (seconds since the epoch: a use touches the
+    version's folder), and every leftover of a killed download (`<name>/download`)."""
+    root = Path(workdir) / REGISTRY_DOWNLOADS
+    versions = sorted(v for name in root.glob("*") if name.is_dir() for v in name.iterdir() if v.is_dir())
+    return [v for v in versions if v.name == "download" or v.stat().st_mtime < used_since]
+
+
 def plan_garbage(workdir: str | Path, keep_days: float, drop_registered_models: bool = False,
                  tracking_uri: str | None = None) -> GarbagePlan:
     """What a collection would delete now. Raises ConfigError for a series record that does not read, and
@@ -73,8 +88,11 @@ def plan_garbage(workdir: str | Path, keep_days: float, drop_registered_models: 
     heads = [ref for last in finished_rounds(workdir).values() for ref in (last.pairs, last.policy)]
     held = registered_models(tracking_uri or default_tracking_uri(workdir)) if drop_registered_models else frozenset()
     roots = heads + awaiting_annotation(store)
-    garbage, unreadable = store.unreferenced(roots, used_since=time.time() - keep_days * 86400, held_elsewhere=held)
+    used_since = time.time() - keep_days * 86400
+    garbage, unreadable = store.unreferenced(roots, used_since=used_since, held_elsewhere=held)
     sizes = {ref.digest: _size(Path(ref.path)) for ref in garbage}
+    downloads = stale_downloads(workdir, used_since)
+    download_bytes = sum(_size(path) for path in downloads)
     by_kind = []
     for kind in sorted({ref.kind for ref in garbage}):
         refs = [ref for ref in garbage if ref.kind == kind]
@@ -82,8 +100,12 @@ def plan_garbage(workdir: str | Path, keep_days: float, drop_registered_models: 
         mib = round(sum(sizes[r.digest] for r in refs) / 2**20, 1)
         by_kind.append({"kind": kind, "unreferenced": len(refs), "MiB": mib,
                         "newest (days ago)": round((time.time() - newest) / 86400, 1)})
+    if downloads:
+        by_kind.append({"kind": "registry download", "unreferenced": len(downloads),
+                        "MiB": round(download_bytes / 2**20, 1),
+                        "newest (days ago)": round((time.time() - max(p.stat().st_mtime for p in downloads)) / 86400, 1)})
     return GarbagePlan(n_artifacts=len(store.committed()), n_series=len(heads) // 2, garbage=garbage, sizes=sizes,
-                       unreadable=unreadable, by_kind=by_kind)
+                       unreadable=unreadable, by_kind=by_kind, downloads=downloads, download_bytes=download_bytes)
 
 
 def collect_garbage(workdir: str | Path, keep_days: float, drop_registered_models: bool = False,
@@ -100,6 +122,8 @@ def collect_garbage(workdir: str | Path, keep_days: float, drop_registered_model
             keys = store.remove(*plan.garbage)
             figures = [store.root / "plots" / key for key in keys if (store.root / "plots" / key).is_dir()]
             for path in figures:  # only the removed entries': a killed stage's curves wait there for its resumption
+                shutil.rmtree(path, ignore_errors=True)
+            for path in plan.downloads:
                 shutil.rmtree(path, ignore_errors=True)
     except WorkdirBusyError as err:
         raise WorkdirBusyError(f"nothing removed: another round or rlhf-rounds is running in {workdir} ({err.holder}); "

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 from pathlib import Path
 
 from prefect import task
@@ -31,6 +32,7 @@ from rlhf_core.judge.prompt_sets import load_prompt_set
 from rlhf_core.schemas import read_table, write_table
 from rlhf_core.sim.world import gold_score
 from tasks.common import RunContext, StageRun, _stage_logger, in_prefect_run, run_stage
+from tasks.tracking import PYFUNC_FILES
 from tasks.plots import verdict_bars_with_intervals
 from tasks.ppo import reward_scorer
 
@@ -254,9 +256,15 @@ def registered_policy(ctx: RunContext, name: str, alias: str) -> ArtifactRef:
     if not (target / "config.json").is_file():
         # where the files are: a `models:/<model_id>` source resolves only through MLflow's process-wide URI
         files = client.get_model_version_download_uri(name, version.version)
-        local = mlflow.artifacts.download_artifacts(artifact_uri=files, dst_path=str(target.parent / "download"),
-                                                    tracking_uri=ctx.tracking_uri)
-        Path(local).rename(target)
+        scratch = target.parent / "download"
+        shutil.rmtree(scratch, ignore_errors=True)  # what a killed download left
+        local = Path(mlflow.artifacts.download_artifacts(artifact_uri=files, dst_path=str(scratch),
+                                                         tracking_uri=ctx.tracking_uri))
+        for extra in PYFUNC_FILES:  # the model's own files only: its digest is then the one the maker's store gave it
+            shutil.rmtree(local / extra) if (local / extra).is_dir() else (local / extra).unlink(missing_ok=True)
+        local.rename(target)
+        shutil.rmtree(scratch, ignore_errors=True)
+    os.utime(target)  # a use: `rlhf gc` removes the downloads no round used in its --keep-days
     return ArtifactRef(kind="policy", digest=content_digest(target)[0], path=str(target))
 
 

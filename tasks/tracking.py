@@ -61,6 +61,10 @@ SERVING_REQUIREMENTS = ("mlflow", "torch", "transformers", "safetensors", "token
                         "pyyaml")
 
 
+# What write_pyfunc_files adds beside a model's own files, and what MLflow writes into a registered model it downloads
+PYFUNC_FILES = ("MLmodel", "code", "requirements.txt", "python_env.yaml", "registered_model_meta")
+
+
 def serving_config(kind: str, stage_config: dict[str, Any]) -> dict[str, Any]:
     """The pyfunc's `model_config` for a model artifact: its kind and the stage's lengths (the reward model reads
     prompt + response as it was trained to, max_length; a policy answers up to the round's max_new_tokens)."""

@@ -40,13 +40,18 @@ def test_the_cleanup_flow_deletes_what_nothing_recent_was_made_from(prefect_api,
 
     monkeypatch.chdir(tmp_path)  # the deployment's workdir is relative to the worker's directory
     store, (stale, used) = _store_with_a_week_old_artifact(tmp_path / "rlhf-runs")
+    killed_download = tmp_path / "rlhf-runs" / "registry" / "rlhf-policy" / "download"
+    killed_download.mkdir(parents=True)
+    (killed_download / "model.safetensors").write_bytes(b"m" * 2**19)
     assert rlhf_gc(keep_days=8, remove=False)["unreferenced"] == 0
     listed = rlhf_gc(keep_days=1, remove=False)
-    assert listed == {"artifacts": 2, "unreferenced": 1, "MiB": 1.0, "removed": False, "cache_entries_removed": 0,
+    assert listed == {"artifacts": 2, "unreferenced": 1, "MiB": 1.0, "registry_downloads": 1,
+                      "registry_downloads_MiB": 0.5, "removed": False, "cache_entries_removed": 0,
                       "figure_dirs_removed": 0, "unreadable": []}
-    assert Path(stale.path).is_dir()
+    assert Path(stale.path).is_dir() and killed_download.is_dir()
     done = rlhf_gc(keep_days=1)
     assert done["removed"] and done["cache_entries_removed"] == 1 and not Path(stale.path).exists()
+    assert not killed_download.exists()
     assert store.lookup("k-comparisons") == used
 
     async def latest_artifacts():
@@ -54,7 +59,9 @@ def test_the_cleanup_flow_deletes_what_nothing_recent_was_made_from(prefect_api,
             return await client.read_latest_artifacts()
 
     shown = [a for a in asyncio.run(latest_artifacts()) if a.key == "gc"]
-    assert shown and "1 unreferenced (1.0 MiB), removed" in shown[0].data and "| votes | 1 | 1.0 |" in shown[0].data
+    assert shown and "1 unreferenced (1.0 MiB), and 1 registry downloads" in shown[0].data
+    assert "(0.5 MiB): removed" in shown[0].data and "| votes | 1 | 1.0 |" in shown[0].data
+    assert "| registry download | 1 | 0.5 |" in shown[0].data
     with pytest.raises(ValueError, match="is not a round's workdir"):
         rlhf_gc(workdir=str(tmp_path / "elsewhere"))
     with pytest.raises(ValueError, match="keep_days must be at least 1"):  # a chained round's start would go

@@ -400,12 +400,20 @@ def test_gc_lists_what_nothing_kept_was_made_from_and_removes_it_only_when_asked
     out_for_annotation = commit("responses", b"r0", "k-out")
     (workdir / "artifacts" / "plots" / "k-killed-ppo").mkdir()  # a killed stage's curves: no cache entry yet
     record(3, pairs, policy)
+    registry = workdir / "registry" / "rlhf-policy"  # champions downloaded from MLflow: last used a week ago, now
+    for version, used in (("3", week_ago), ("5", time.time())):
+        (registry / version).mkdir(parents=True)
+        (registry / version / "model.safetensors").write_bytes(b"m" * 2**20)
+        os.utime(registry / version, (used, used))
+    (registry / "download").mkdir()  # what a killed download left
 
     result = runner.invoke(app, ["gc", str(workdir)])  # all used within 30 days: nothing to collect
     assert result.exit_code == 0 and "4 kept" in result.output and "0 unreferenced" in result.output, result.output
     result = runner.invoke(app, ["gc", str(workdir), "--keep-days", "1"])
     assert result.exit_code == 0, result.output
     assert "3 kept" in result.output and "1 unreferenced (1.0 MiB)" in result.output and "votes" in result.output
+    assert "2 registry downloads that no round used in the last 1 days, or a killed download left (1.0 MiB" \
+        in " ".join(result.output.split())
     assert "--keep-days 1 --remove` to delete them" in result.output
     assert (workdir / "artifacts" / "votes" / stale.digest).is_dir()  # nothing removed unasked
     assert runner.invoke(app, ["gc", str(workdir), "--keep-days", "0.5"]).exit_code == 2  # under a day: refused
@@ -415,7 +423,9 @@ def test_gc_lists_what_nothing_kept_was_made_from_and_removes_it_only_when_asked
         assert busy.exit_code == 2 and "nothing removed: another" in busy.output, busy.output
     result = runner.invoke(app, ["gc", str(workdir), "--keep-days", "1", "--remove"])
     assert result.exit_code == 0, result.output
-    assert "removed 1 artifacts (1.0 MiB), 1 cache entries and 1 figure directories" in result.output
+    assert "removed 1 artifacts (1.0 MiB), 1 cache entries, 1 figure directories and 2 registry downloads" \
+        in " ".join(result.output.split())
+    assert sorted(p.name for p in registry.iterdir()) == ["5"]  # used today: kept
     assert not (workdir / "artifacts" / "votes" / stale.digest).exists()
     assert not (workdir / "artifacts" / "plots" / "k-stale").exists()
     assert (workdir / "artifacts" / "plots" / "k-killed-ppo").is_dir()  # its resumption replays them

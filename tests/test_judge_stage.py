@@ -163,10 +163,13 @@ def test_against_a_registered_model_by_name_and_alias(stage):
     ctx.tracker.register_model(run_id, Path(candidate.path), "judge-test-policy", alias="champion",
                                tags={"rlhf.digest": candidate.digest})
     assert registered_policy(ctx, "judge-test-policy", "champion") == candidate  # this store holds it
-    ctx.tracker.register_model(run_id, Path(candidate.path), "judge-test-external", alias="prod", tags={})
+    ctx.tracker.register_model(run_id, Path(candidate.path), "judge-test-external", alias="prod", tags={},
+                               pyfunc={"kind": "policy", "max_new_tokens": 6})  # as a stage registers it
     downloaded = registered_policy(ctx, "judge-test-external", "prod")  # no digest tag: fetched from MLflow
     assert downloaded.path == str(stage["workdir"] / "registry" / "judge-test-external" / "1")
-    assert downloaded.digest == candidate.digest  # the same files (the manifest is not content)
+    # the same files (the manifest is not content; the MLmodel file and code the pyfunc adds are left behind)
+    assert downloaded.digest == candidate.digest
+    assert sorted(p.name for p in (stage["workdir"] / "registry" / "judge-test-external").iterdir()) == ["1"]
     with pytest.raises(LookupError, match="judge-test-policy@nobody"):
         registered_policy(ctx, "judge-test-policy", "nobody")
 
