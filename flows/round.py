@@ -216,7 +216,8 @@ StageName = Literal["world", "sft", "sample", "generate", "annotators", "import_
 def rlhf_round(config: RoundConfig = RoundConfig(), stop_after: StageName | None = None, round_no: int = 1,
                start_policy: ArtifactRef | None = None, config_path: str | None = None,
                earlier_pairs: ArtifactRef | None = None, annotation_exports: list[str] | None = None,
-               series_run_id: str | None = None, previous_round_run_id: str | None = None) -> dict[str, Any]:
+               series_run_id: str | None = None, previous_round_run_id: str | None = None,
+               wait_for_workdir_minutes: float = 0.0) -> dict[str, Any]:
     """One RLHF round on the configured world; returns the summary (also logged to MLflow).
 
     The world, the SFT policy, the reward-model backbone and the ptx data are those of round 1 in
@@ -242,13 +243,19 @@ def rlhf_round(config: RoundConfig = RoundConfig(), stop_after: StageName | None
         series_run_id: the MLflow run this round's run nests under (rlhf-rounds sets it to its own); empty = none.
         previous_round_run_id: the MLflow run of the round this one follows (rlhf-round/next-round's trigger and
             rlhf-rounds set it), kept as the tag rlhf.previous_round.run_id: chained rounds link back in MLflow.
+        wait_for_workdir_minutes: how long to wait for another round that holds the workdir; 0 = fail at once
+            (WorkdirBusyError naming it). The scheduled and triggered deployments wait (prefect.yaml): their
+            schedule or event does not come again for this round.
 
     A round that runs to its evaluation emits the Prefect event rlhf.round.completed (flows/chaining.py),
     which rlhf-round/next-round's trigger turns into the next round.
     """
     config = checked_round_config(config, config_path, annotation_exports)
     # one round at a time per workdir (its store, scratch, mlflow.db and finished-rounds record)
-    with lock_workdir(config.workdir, note=flow_runs_note()) as left_by_killed:
+    if wait_for_workdir_minutes < 0:
+        raise ValueError(f"wait_for_workdir_minutes must be at least 0 (got {wait_for_workdir_minutes:g})")
+    with lock_workdir(config.workdir, note=flow_runs_note(), busy_wait_s=60 * wait_for_workdir_minutes) \
+            as left_by_killed:
         follows = None  # the last finished round of this name, which this one continues (a scheduled round)
         if config.iteration.continue_series and round_no == 1 and start_policy is None and earlier_pairs is None:
             follows = last_finished_round(config.workdir, config.name)

@@ -110,8 +110,11 @@ MAINTENANCE_WAIT_S = 600.0  # how long at most: gc plans again under the lock (e
 
 @contextmanager
 def lock_workdir(workdir: str | Path, note: str = "", name: str = ".round.lock", what: str = "round",
-                 keep_left: bool = False, maintenance_wait_s: float = MAINTENANCE_WAIT_S) -> Iterator[str]:
-    """Hold `<workdir>/<name>` for the duration: a second round in the same workdir fails at once.
+                 keep_left: bool = False, maintenance_wait_s: float = MAINTENANCE_WAIT_S,
+                 busy_wait_s: float = 0.0) -> Iterator[str]:
+    """Hold `<workdir>/<name>` for the duration: a second round in the same workdir fails at once, or, given
+    `busy_wait_s`, waits that long for the holder to finish (a round a schedule or an event started: its trigger
+    does not come again).
 
     Two rounds at once in one workdir race on the first creation of mlflow.db, on the scratch
     directories and on model registration. The lock is an flock, so a killed round releases it.
@@ -128,7 +131,7 @@ def lock_workdir(workdir: str | Path, note: str = "", name: str = ".round.lock",
         # inside a checkout stays out of git (never the checkout's own root)
         (path / ".gitignore").write_text("# a round's workdir (artifacts, runs, caches), written by rlhf\n*\n")
     with open(path / name, "a+") as f:
-        deadline = time.monotonic() + maintenance_wait_s
+        start, told = time.monotonic(), ""
         while True:
             try:
                 fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -136,9 +139,14 @@ def lock_workdir(workdir: str | Path, note: str = "", name: str = ".round.lock",
             except BlockingIOError:
                 f.seek(0)
                 holder = f.read().strip() or "another process"
-                if MAINTENANCE not in holder or time.monotonic() > deadline:
-                    raise WorkdirBusyError(f"another {what} is running in {path} ({holder}): wait for it to "
+                waited = time.monotonic() - start
+                if waited > max(busy_wait_s, maintenance_wait_s if MAINTENANCE in holder else 0.0):
+                    more = f" (waited {waited / 60:.0f} min)" if busy_wait_s else ""
+                    raise WorkdirBusyError(f"another {what} is running in {path} ({holder}){more}: wait for it to "
                                            f"finish, or give this {what} its own workdir", holder) from None
+                if holder != told:  # once per holder: a long wait shows in the run's log what it waits for
+                    log.info("waiting for the %s lock of %s, held by %s", what, path, holder)
+                    told = holder
                 time.sleep(0.5)
         f.seek(0)
         left_by_killed = f.read().strip()

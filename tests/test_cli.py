@@ -139,6 +139,41 @@ def test_a_round_waits_for_a_store_maintenance_but_never_for_another_round(tmp_p
         holder.join()
 
 
+def test_a_scheduled_or_triggered_round_waits_for_another_round_up_to_its_bound(tmp_path):
+    """An export's round (announced once) that met a weekly round failed at once: given wait_for_workdir_minutes it
+    waits for the holder, and past the bound fails naming it and how long it waited."""
+    import threading
+    import time
+
+    from flows.round import rlhf_round
+    from rlhf_core.config import RoundConfig
+    from tasks.common import WorkdirBusyError, lock_workdir
+
+    def hold(seconds: float, held: threading.Event) -> None:
+        with lock_workdir(tmp_path, note="prefect flow runs weekly"):
+            held.set()
+            time.sleep(seconds)
+
+    held = threading.Event()
+    holder = threading.Thread(target=hold, args=(1.0, held))
+    holder.start()
+    held.wait()
+    start = time.monotonic()
+    with lock_workdir(tmp_path, note="an export's round", busy_wait_s=60):
+        waited = time.monotonic() - start
+    holder.join()
+    assert 0.3 < waited < 30
+    held = threading.Event()
+    holder = threading.Thread(target=hold, args=(3.0, held))
+    holder.start()
+    held.wait()
+    with pytest.raises(WorkdirBusyError, match=r"; prefect flow runs weekly\) \(waited 0 min\): wait for it"):
+        rlhf_round.fn(config=RoundConfig(workdir=str(tmp_path)), wait_for_workdir_minutes=0.01)
+    holder.join()
+    with pytest.raises(ValueError, match="wait_for_workdir_minutes must be at least 0"):
+        rlhf_round.fn(config=RoundConfig(workdir=str(tmp_path)), wait_for_workdir_minutes=-1)
+
+
 @pytest.mark.parametrize("name, content", [
     ("truncated.json", b'[{"id": 1, "annotations": [{"result": '),
     ("binary.json", bytes(range(256)) * 4),

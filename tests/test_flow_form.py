@@ -67,5 +67,5 @@ def test_the_flow_parameters_keep_their_signature_order():
     properties = schema_of(rlhf_round)["properties"]
     assert [name for name, _ in sorted(properties.items(), key=lambda item: item[1]["position"])] == [
         "config", "stop_after", "round_no", "start_policy", "config_path", "earlier_pairs", "annotation_exports",
-        "series_run_id", "previous_round_run_id"]
+        "series_run_id", "previous_round_run_id", "wait_for_workdir_minutes"]
     assert properties["config"]["description"].startswith("the whole round")

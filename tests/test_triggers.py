@@ -102,6 +102,7 @@ def test_a_finished_round_starts_the_next_one_and_a_round_that_says_stop_does_no
     assert parameters["start_policy"] == _summary(3, None)["artifacts"]["ppo"]
     assert parameters["earlier_pairs"] == _summary(3, None)["artifacts"]["import_annotations"]
     assert parameters["previous_round_run_id"] == "r1"  # the finished round's MLflow run, tagged on the new one
+    assert parameters["wait_for_workdir_minutes"] == 720  # a weekly round in the workdir: waited for, not failed on
     assert parameters["config"] == config.model_dump(mode="json")
 
 
@@ -118,6 +119,7 @@ def test_a_new_annotation_export_starts_a_round_that_imports_it(deployed, tmp_pa
     assert watch_exports(folder=str(tmp_path), min_age_seconds=0) == []  # announced once
     runs = _flow_runs_of(deployed["on-new-export"], wait_for=1)
     assert [run.parameters["annotation_exports"] for run in runs] == [[str(export.resolve())]]
+    assert runs[0].parameters["wait_for_workdir_minutes"] == 720  # the deployment's, beside the event's
 
 
 def test_the_deployed_pull_step_reads_the_repository_where_the_run_starts_not_where_it_was_deployed(
