@@ -36,6 +36,7 @@ import rlhf_core
 from rlhf_core.annotation.importer import is_export_name
 from rlhf_core.artifacts import ArtifactRef, ArtifactStore, DamagedArtifactError, Manifest, cache_key
 from rlhf_core.config import RESOLVED, config_digest
+from rlhf_core.progress import lines_to
 from tasks.tracking import Tracker, serving_config
 
 log = logging.getLogger("rlhf")
@@ -380,7 +381,9 @@ def run_stage(
         scratch = Path(ctx.workdir) / SCRATCH / f"{stage}-{key[:16]}"
         resuming = " (resuming from its scratch directory)" if scratch.exists() else ""
         _stage_logger().info("stage %s: running%s", stage, resuming)
-        with store.staging() as staged:
+        # the progress lines of work done in this process, when not on a terminal, go to the run's log (the UI's)
+        logger = _stage_logger()
+        with store.staging() as staged, lines_to(lambda line: logger.info("%s", line)):  # the task run names the stage
             freeze_long_lived_objects()
             metrics = dict(produce(staged, StageRun(tracker, run_id, scratch, plots)))
             metrics["time/stage_seconds"] = time.time() - start

@@ -3,7 +3,7 @@ run's log) plain lines, at most one per interval, and the final count when the b
 
 import io
 
-from rlhf_core.progress import progress_bar
+from rlhf_core.progress import lines_to, progress_bar
 
 
 class Terminal(io.StringIO):
@@ -40,3 +40,63 @@ def test_off_a_terminal_a_bar_that_would_not_stay_still_writes_its_last_line(mon
     bar.update(10)
     bar.close()
     assert log.getvalue().splitlines()[-1].startswith("reward: 100%")
+
+
+def test_inside_lines_to_the_lines_go_to_the_sink_and_a_terminal_keeps_its_bar():
+    log, screen, sink = io.StringIO(), Terminal(), []
+    with lines_to(sink.append):
+        bar = progress_bar(total=3, desc="sft", stream=log)
+        bar.update(3)
+        bar.close()
+        for _ in progress_bar(range(2), desc="ppo", stream=screen, mininterval=0):
+            pass
+    assert log.getvalue() == "" and sink[-1].startswith("sft: 100%") and "3/3" in sink[-1]
+    assert "ppo: 100%" in screen.getvalue() and not any(line.startswith("ppo") for line in sink)
+    bar = progress_bar(total=1, desc="after", stream=log)  # outside: written again
+    bar.update(1)
+    bar.close()
+    assert log.getvalue().splitlines()[-1].startswith("after: 100%") and not any(x.startswith("after") for x in sink)
+
+
+def test_a_stage_that_runs_in_the_prefect_process_shows_its_progress_in_the_runs_log(prefect_api, tmp_path):
+    """Workers' lines reach the Prefect run's log through the launcher; a stage's own bars (SFT, single-process
+    generation and voting, the reward model) reached only the process's stderr, which no UI shows."""
+    import logging
+
+    from prefect import flow
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+    from prefect.logging.handlers import APILogHandler
+
+    from tasks.common import RunContext, run_stage
+    from tasks.tracking import Tracker
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+
+    def produce(out, run):
+        for _ in progress_bar(range(5), desc="probe", stream=io.StringIO()):  # as off a terminal, on a worker
+            pass
+        (out / "numbers.json").write_text("[5]")
+        return {}
+
+    @flow
+    def one_stage() -> str:
+        from prefect.runtime import flow_run
+
+        ctx = RunContext(workdir=str(tmp_path), tracking_uri=uri, experiment="progress",
+                         parent_run_id=Tracker(uri, "progress").start_run("round", {}), round_name="t")
+        run_stage(ctx, stage="count", version="1", kind="numbers", config={}, inputs={}, produce=produce)
+        return flow_run.id
+
+    flow_runs = logging.getLogger("prefect.flow_runs")  # conftest quiets Prefect to WARNING; the lines are INFO
+    level = flow_runs.level
+    flow_runs.setLevel(logging.INFO)
+    try:
+        flow_run_id = one_stage()
+    finally:
+        flow_runs.setLevel(level)
+    APILogHandler().flush()  # the run loggers send their records to the API in batches
+    with get_client(sync_client=True) as client:
+        logs = client.read_logs(LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run_id])))
+    lines = [log.message for log in logs if log.message.startswith("probe: 100%")]
+    assert lines and "5/5" in lines[-1], [log.message for log in logs]
