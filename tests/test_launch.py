@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+from prefect_logs import run_and_read_logs
 
 from tasks.launch import WorkerError, failed_rank, run_worker
 
@@ -235,9 +236,6 @@ def test_a_prefect_task_timeout_stops_the_group(prefect_api, tmp_path):
 def test_the_ranks_lines_reach_the_prefect_task_runs_log(prefect_api, tmp_path):
     """The lines are logged from the launcher's reader thread; the run logger's records still carry the run."""
     from prefect import flow, task
-    from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import LogFilter, LogFilterTaskRunId
-    from prefect.logging.handlers import APILogHandler
     from prefect.runtime import task_run
 
     @task
@@ -249,17 +247,7 @@ def test_the_ranks_lines_reach_the_prefect_task_runs_log(prefect_api, tmp_path):
     def stage() -> str:
         return launch()
 
-    task_runs = logging.getLogger("prefect.task_runs")  # conftest quiets Prefect to WARNING; the lines are INFO
-    level = task_runs.level
-    task_runs.setLevel(logging.INFO)
-    try:
-        task_run_id = stage()
-    finally:
-        task_runs.setLevel(level)
-    APILogHandler().flush()  # the run loggers send their records to the API in batches
-    with get_client(sync_client=True) as client:
-        logs = client.read_logs(LogFilter(task_run_id=LogFilterTaskRunId(any_=[task_run_id])))
-    messages = [log.message for log in logs]
+    messages = run_and_read_logs(stage, of="task")
     for rank in (0, 1):
         assert any(m.startswith(f"probe: [default{rank}]:rank {rank} pid ") for m in messages), messages
 

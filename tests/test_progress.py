@@ -3,6 +3,8 @@ run's log) plain lines, at most one per interval, and the final count when the b
 
 import io
 
+from prefect_logs import run_and_read_logs
+
 from rlhf_core.progress import lines_to, progress_bar
 
 
@@ -61,12 +63,7 @@ def test_inside_lines_to_the_lines_go_to_the_sink_and_a_terminal_keeps_its_bar()
 def test_a_stage_that_runs_in_the_prefect_process_shows_its_progress_in_the_runs_log(prefect_api, tmp_path):
     """Workers' lines reach the Prefect run's log through the launcher; a stage's own bars (SFT, single-process
     generation and voting, the reward model) reached only the process's stderr, which no UI shows."""
-    import logging
-
     from prefect import flow
-    from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
-    from prefect.logging.handlers import APILogHandler
 
     from tasks.common import RunContext, run_stage
     from tasks.tracking import Tracker
@@ -88,15 +85,6 @@ def test_a_stage_that_runs_in_the_prefect_process_shows_its_progress_in_the_runs
         run_stage(ctx, stage="count", version="1", kind="numbers", config={}, inputs={}, produce=produce)
         return flow_run.id
 
-    flow_runs = logging.getLogger("prefect.flow_runs")  # conftest quiets Prefect to WARNING; the lines are INFO
-    level = flow_runs.level
-    flow_runs.setLevel(logging.INFO)
-    try:
-        flow_run_id = one_stage()
-    finally:
-        flow_runs.setLevel(level)
-    APILogHandler().flush()  # the run loggers send their records to the API in batches
-    with get_client(sync_client=True) as client:
-        logs = client.read_logs(LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run_id])))
-    lines = [log.message for log in logs if log.message.startswith("probe: 100%")]
-    assert lines and "5/5" in lines[-1], [log.message for log in logs]
+    messages = run_and_read_logs(one_stage, of="flow")
+    lines = [m for m in messages if m.startswith("probe: 100%")]
+    assert lines and "5/5" in lines[-1], messages
