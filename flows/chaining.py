@@ -47,8 +47,11 @@ def round_completed(config: RoundConfig, summary: dict[str, Any], subflow: bool)
             "prefect.resource.name": config.name,
             "rlhf.round_no": str(summary["round_no"]),
             # a round over real exports has no next round to run by itself: the next one waits for annotations of
-            # this round's responses (on-new-export); run again, it would import the same files a second time
-            "rlhf.next": "no" if summary["stop"] or config.annotation.exports else "yes",
+            # this round's responses (on-new-export); run again, it would import the same files a second time. Nor
+            # has a round of a series (iteration.continue_series, the weekly deployment's): its schedule starts the
+            # next, and chaining it too would run next week's round now, then the schedule's again
+            "rlhf.next": "no" if summary["stop"] or config.annotation.exports or config.iteration.continue_series
+            else "yes",
             "rlhf.subflow": "yes" if subflow else "no",
         },
         "payload": {

@@ -171,6 +171,10 @@ def test_a_round_over_real_exports_does_not_start_the_next_one_and_iterated_roun
     assert round_completed(simulated, _summary(1, None), False)["resource"]["rlhf.next"] == "yes"
     # the next round would import the same file again: it waits for annotations of this round's responses
     assert round_completed(real, _summary(1, None), False)["resource"]["rlhf.next"] == "no"
+    # a weekly round's next is next week's, which its schedule starts: the next-round automation must not run it now
+    weekly = load_config(ROOT / "configs" / "weekly.yaml")
+    assert weekly.iteration.continue_series and round_completed(weekly, _summary(3, None), False)["resource"][
+        "rlhf.next"] == "no"
     check_iterated_rounds(simulated, 3)
     check_iterated_rounds(real, 1)
     with pytest.raises(ConfigError, match="same 1 export file"):
