@@ -32,7 +32,7 @@ from tasks.common import RunContext, code_tags, lock_workdir, publish_markdown
 from tasks.evaluation import evaluate
 from tasks.generation import generate
 from tasks.iteration import (FinishedRound, check_new_import, last_finished_round, pairs_so_far,
-                             record_finished_round, stop_reason, training_pairs)
+                             record_finished_round, series_base, stop_reason, training_pairs)
 from tasks.promotion import (evaluation_against_champion, lineage_tags, promote, reward_model_tags,
                              starting_policy, tag_registered_policy)
 from tasks.sampling import sample_prompts
@@ -258,14 +258,14 @@ def rlhf_round(config: RoundConfig = RoundConfig(), stop_after: StageName | None
             as left_by_killed:
         follows = None  # the last finished round of this name, which this one continues (a scheduled round)
         if config.iteration.continue_series and round_no == 1 and start_policy is None and earlier_pairs is None:
-            follows = last_finished_round(config.workdir, config.name)
+            follows = last_finished_round(config.workdir, config.name, series_base(config))
         if follows is not None:
             round_no, earlier_pairs = follows.round_no + 1, follows.pairs
             previous_round_run_id = previous_round_run_id or follows.mlflow_run_id
         summary = _run_stages(config, stop_after, round_no, start_policy, earlier_pairs, series_run_id,
                               previous_round_run_id, left_by_killed, follows) | {"stopped_after": stop_after}
         if stop_after is None and config.iteration.continue_series:
-            record_finished_round(config.workdir, config.name, summary)
+            record_finished_round(config.workdir, config.name, summary, series_base(config))
     if stop_after is None:
         emit_event(**round_completed(config, summary, subflow=flow_run.parent_flow_run_id is not None))
     return summary

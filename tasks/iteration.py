@@ -24,10 +24,11 @@ from prefect.cache_policies import NO_CACHE
 from pydantic import BaseModel, Field, TypeAdapter, ValidationError
 
 from rlhf_core.artifacts import ArtifactRef, ArtifactStore, atomic_write_text
-from rlhf_core.config import ConfigError, IterationConfig
+from rlhf_core.config import ConfigError, IterationConfig, RoundConfig
 from rlhf_core.schemas import read_table, write_table
 from tasks.common import RunContext, StageRun, _stage_logger, run_stage
 from tasks.promotion import judged_win_rate
+from tasks.world import POOL_FIELDS, SFT_FIELDS
 
 ACCUMULATE_VERSION = "1"
 FINISHED_ROUNDS = "finished-rounds.json"  # in the workdir: each round name's last finished round
@@ -102,6 +103,28 @@ class FinishedRound(BaseModel):
     exports: dict[str, str] = {}  # sha256 -> file name of every annotation export the series imported
     policy: ArtifactRef
     mlflow_run_id: str
+    base: dict[str, Any] | None = None  # series_base of its config (None in a record written before 2026-11-29)
+
+
+def series_base(config: RoundConfig) -> dict[str, Any]:
+    """What every round of a series shares: the seed and the config the world and SFT stages are keyed on (the
+    prompt pool, the SFT policy). Two configs of one name that differ here are two series, not one: the second
+    would accumulate its pairs onto pairs of another world and start from another lineage's policy."""
+    return {"seed": config.seed, "world": config.world.model_dump(mode="json", include=POOL_FIELDS | SFT_FIELDS),
+            "policy_model": config.policy_model.model_dump(mode="json"), "sft": config.sft.model_dump(mode="json")}
+
+
+def _differences(recorded: dict[str, Any], now: dict[str, Any], prefix: str = "") -> list[str]:
+    """The dotted keys whose values differ between two nested dicts."""
+    keys = sorted(set(recorded) | set(now))
+    out = []
+    for key in keys:
+        a, b = recorded.get(key), now.get(key)
+        if isinstance(a, dict) and isinstance(b, dict):
+            out += _differences(a, b, f"{prefix}{key}.")
+        elif a != b:
+            out.append(f"{prefix}{key} ({a!r} then, {b!r} now)")
+    return out
 
 
 def finished_rounds(workdir: str | Path) -> dict[str, FinishedRound]:
@@ -144,7 +167,8 @@ def series_exports(store: ArtifactStore, last: FinishedRound) -> dict[str, str]:
     return exports
 
 
-def record_finished_round(workdir: str | Path, name: str, summary: dict[str, Any]) -> None:
+def record_finished_round(workdir: str | Path, name: str, summary: dict[str, Any],
+                          base: dict[str, Any] | None = None) -> None:
     """Note a round of a series (iteration.continue_series) that ran to its end as its name's last finished round in
     `workdir` (atomically; the caller holds the workdir's lock): what the series' next round follows. A round
     numbered at or below the one recorded (a late chained round) leaves the record as it is."""
@@ -162,17 +186,25 @@ def record_finished_round(workdir: str | Path, name: str, summary: dict[str, Any
         exports=(series_exports(store, last) if last else {}) | exports,
         policy=ArtifactRef(**artifacts["ppo"]),
         mlflow_run_id=summary["mlflow"]["run_id"],
+        base=base if base is not None else (last.base if last else None),
     )
     record = {n: r.model_dump(mode="json") for n, r in rounds.items()}
     atomic_write_text(Path(workdir) / FINISHED_ROUNDS, json.dumps(record, indent=2))
 
 
-def last_finished_round(workdir: str | Path, name: str) -> FinishedRound | None:
+def last_finished_round(workdir: str | Path, name: str, base: dict[str, Any] | None = None) -> FinishedRound | None:
     """The last round named `name` that finished in `workdir` (record_finished_round's record), or None; its
-    pairs must still be in the store, as a later round accumulates them."""
+    pairs must still be in the store, as a later round accumulates them. `base`: the continuing round's
+    series_base, refused when it is not the series' (another seed, world or SFT policy under the same name)."""
     last = finished_rounds(workdir).get(name)
     if last is None:
         return None
+    if base is not None and last.base is not None and (changed := _differences(last.base, base)):
+        raise ConfigError(f"iteration.continue_series: round {name} #{last.round_no} in {workdir} was made with "
+                          f"another seed, world or SFT policy than this round's ({'; '.join(changed)}), so this "
+                          "round would learn from pairs of another world: give it another name (a series of its "
+                          f"own) or workdir, or remove {name!r} from {Path(workdir) / FINISHED_ROUNDS} to start the "
+                          "series again at round 1")
     kind, digest = last.pairs.kind, last.pairs.digest
     store = ArtifactStore(Path(workdir) / "artifacts")
     try:

@@ -170,7 +170,8 @@ def test_a_continued_series_samples_anew_and_learns_from_every_round_so_far(pref
 
 def test_a_continued_series_refuses_what_it_cannot_continue(tmp_path):
     from rlhf_core.config import ConfigError, check_iterated_rounds
-    from tasks.iteration import FINISHED_ROUNDS, check_new_import, last_finished_round, record_finished_round
+    from tasks.iteration import (FINISHED_ROUNDS, check_new_import, last_finished_round, record_finished_round,
+                                 series_base)
 
     assert last_finished_round(tmp_path, "weekly") is None  # nothing finished yet: round 1
     store = ArtifactStore(tmp_path / "artifacts")
@@ -188,13 +189,22 @@ def test_a_continued_series_refuses_what_it_cannot_continue(tmp_path):
     ref = {"kind": pairs.kind, "digest": pairs.digest, "path": pairs.path}
     summary = {"round_no": 1, "artifacts": {"annotators": week1.model_dump(), "import_annotations": ref, "ppo": ref},
                "mlflow": {"run_id": "r1"}}
-    record_finished_round(tmp_path, "weekly", summary)
+    weekly = _config(tmp_path, "name=weekly")
+    record_finished_round(tmp_path, "weekly", summary, series_base(weekly))
     last = last_finished_round(tmp_path, "weekly")
     assert (last.round_no, last.pairs, last.mlflow_run_id) == (1, pairs, "r1")
     assert last.exports == {_sha(b"[1]"): "00-week1.json"}
     assert last_finished_round(tmp_path, "other") is None
+    # another config under the same name: the same series only when its seed, world and SFT policy are the series'
+    tuned = _config(tmp_path, "name=weekly", "ppo.policy_lr=3e-5", "reward.train.epochs=3")  # tuned between weeks
+    assert last_finished_round(tmp_path, "weekly", series_base(tuned)).round_no == 1
+    other = _config(tmp_path, "name=weekly", "seed=7", "world.max_operand=3")
+    with pytest.raises(ConfigError, match=r"round weekly #1 in .* was made with another seed, world or SFT policy than "
+                                          r"this round's \(seed \(0 then, 7 now\); world.max_operand \(.* then, 3 now\)\)"):
+        last_finished_round(tmp_path, "weekly", series_base(other))
     record_finished_round(tmp_path, "weekly", summary | {"round_no": 1, "mlflow": {"run_id": "late"}})
     assert last_finished_round(tmp_path, "weekly").mlflow_run_id == "r1"  # a round not after it: no change
+    assert last_finished_round(tmp_path, "weekly").base == series_base(weekly)  # kept by a round given none
     # last week's file again, under another name and beside a new one: refused before it is imported, naming it
     week2 = commit("annotation_export", {"exports/00-week2.json": b"[2]", "exports/01-old.json": b"[1]"})
     with pytest.raises(ConfigError, match=r"already learned from: 01-old.json \(as 00-week1.json\)"):
