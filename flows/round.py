@@ -28,7 +28,7 @@ from rlhf_core.annotation.importer import check_exports
 from rlhf_core.chat_completions import check_chat_server
 from rlhf_core.paths import allowed_roots, check_config_paths, resolve_allowed
 from tasks.annotation import collect_annotations, import_annotations
-from tasks.common import RunContext, code_tags, lock_workdir, publish_markdown
+from tasks.common import SERIES_LOCK, RunContext, code_tags, lock_workdir, publish_markdown
 from tasks.evaluation import evaluate
 from tasks.generation import generate
 from tasks.iteration import (FinishedRound, check_new_import, last_finished_round, pairs_so_far,
@@ -254,8 +254,8 @@ def rlhf_round(config: RoundConfig = RoundConfig(), stop_after: StageName | None
     # one round at a time per workdir (its store, scratch, mlflow.db and finished-rounds record)
     if wait_for_workdir_minutes < 0:
         raise ValueError(f"wait_for_workdir_minutes must be at least 0 (got {wait_for_workdir_minutes:g})")
-    with lock_workdir(config.workdir, note=flow_runs_note(), busy_wait_s=60 * wait_for_workdir_minutes) \
-            as left_by_killed:
+    with lock_workdir(config.workdir, note=flow_runs_note(), busy_wait_s=60 * wait_for_workdir_minutes,
+                      yield_to_series=series_run_id is None) as left_by_killed:
         follows = None  # the last finished round of this name, which this one continues (a scheduled round)
         if config.iteration.continue_series and round_no == 1 and start_policy is None and earlier_pairs is None:
             follows = last_finished_round(config.workdir, config.name, series_base(config))
@@ -405,7 +405,7 @@ def rlhf_rounds(config: RoundConfig = RoundConfig(), n_rounds: int = 2,
     config = resolve_round_config(config, config_path)
     check_iterated_rounds(config, n_rounds)
     # one rlhf-rounds at a time per workdir (its series run; each round still takes the round's lock)
-    with lock_workdir(config.workdir, note=flow_runs_note(), name=".rounds.lock", what="rlhf-rounds"
+    with lock_workdir(config.workdir, note=flow_runs_note(), name=SERIES_LOCK, what="rlhf-rounds"
                       ) as left_by_killed:
         return _run_series(config, n_rounds, left_by_killed)
 
@@ -418,8 +418,10 @@ def _run_series(config: RoundConfig, n_rounds: int, left_by_killed: str = "") ->
     previous_run: str | None = None  # the round before's MLflow run
     try:
         for round_no in range(1, n_rounds + 1):
+            # a minute's wait: a scheduled round waiting for the workdir may hold its lock for an instant while it
+            # sees that this series is running (and lets go)
             summary = rlhf_round(config=config, round_no=round_no, start_policy=start, earlier_pairs=pairs,
-                                 series_run_id=series, previous_round_run_id=previous_run)
+                                 series_run_id=series, previous_round_run_id=previous_run, wait_for_workdir_minutes=1)
             previous_run = summary["mlflow"]["run_id"]
             summaries.append(summary)
             log_series_round(tracker, series, summary)

@@ -5,9 +5,10 @@ pipeline has no business reading (`../../etc/passwd`, a symlink out of the proje
 path is resolved (symlinks followed, `..` removed) and must then lie under one of:
 
 - the current working directory (the project a person or a Prefect worker runs from),
-- the round's workdir (artifacts, caches),
 - each directory listed in the environment variable RLHF_ALLOWED_ROOTS (os.pathsep-separated),
-  for data kept elsewhere, e.g. `RLHF_ALLOWED_ROOTS=/data/annotations:/models`.
+  for data kept elsewhere, e.g. `RLHF_ALLOWED_ROOTS=/data/annotations:/models`,
+- the round's workdir (artifacts, caches), when it lies under one of those: the workdir is itself a value of the
+  config, so a form that set `workdir: /` would otherwise have allowed every file on the machine.
 """
 
 from __future__ import annotations
@@ -23,11 +24,14 @@ class PathNotAllowedError(ValueError):
 
 
 def allowed_roots(workdir: str | Path | None = None) -> list[Path]:
-    roots = [Path.cwd()]
+    """The current directory, RLHF_ALLOWED_ROOTS, and `workdir` when it lies under one of these."""
+    roots = [Path.cwd()] + [Path(p) for p in os.environ.get(ROOTS_ENV, "").split(os.pathsep) if p.strip()]
+    roots = [r.expanduser().resolve() for r in roots]
     if workdir is not None:
-        roots.append(Path(workdir))
-    roots += [Path(p) for p in os.environ.get(ROOTS_ENV, "").split(os.pathsep) if p.strip()]
-    return [r.expanduser().resolve() for r in roots]
+        resolved = Path(workdir).expanduser().resolve()
+        if any(resolved.is_relative_to(root) for root in roots):
+            roots.append(resolved)
+    return roots
 
 
 def resolve_allowed(path: str | Path, field: str, roots: list[Path], must_exist: bool = True) -> Path:

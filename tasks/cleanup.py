@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rlhf_core.artifacts import ArtifactRef, ArtifactStore
-from tasks.common import MAINTENANCE, WorkdirBusyError, lock_workdir
+from tasks.common import MAINTENANCE, SERIES_LOCK, WorkdirBusyError, lock_workdir
 from tasks.iteration import finished_rounds
 from tasks.promotion import registered_models
 from tasks.tracking import default_tracking_uri
@@ -116,7 +116,7 @@ def collect_garbage(workdir: str | Path, keep_days: float, drop_registered_model
     store = store_of(workdir)
     try:  # a series holds .rounds.lock between its rounds; a killed holder's note stays in each for the next round
         note, wait = f"{MAINTENANCE} {note}", {"keep_left": True, "maintenance_wait_s": 0}
-        with lock_workdir(workdir, note=note, name=".rounds.lock", what="rlhf-rounds", **wait), \
+        with lock_workdir(workdir, note=note, name=SERIES_LOCK, what="rlhf-rounds", **wait), \
                 lock_workdir(workdir, note=note, **wait):
             plan = plan_garbage(workdir, keep_days, drop_registered_models, tracking_uri)
             keys = store.remove(*plan.garbage)

@@ -109,13 +109,33 @@ MAINTENANCE = "maintenance:"  # the start of a store maintenance's note (rlhf ve
 MAINTENANCE_WAIT_S = 600.0  # how long at most: gc plans again under the lock (every manifest read)
 
 
+ROUND_LOCK, SERIES_LOCK = ".round.lock", ".rounds.lock"  # a round's; an rlhf-rounds series' (across its rounds)
+
+
+def _series_holder(workdir: Path) -> str | None:
+    """What holds the workdir's series lock (an rlhf-rounds series, or a store maintenance), or None when it is
+    free. Never called by a series' own rounds: their process holds it."""
+    if not (workdir / SERIES_LOCK).exists():
+        return None
+    with open(workdir / SERIES_LOCK, "a+") as g:
+        try:
+            fcntl.flock(g, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            g.seek(0)
+            return g.read().strip() or "an rlhf-rounds series"
+        fcntl.flock(g, fcntl.LOCK_UN)
+        return None
+
+
 @contextmanager
-def lock_workdir(workdir: str | Path, note: str = "", name: str = ".round.lock", what: str = "round",
+def lock_workdir(workdir: str | Path, note: str = "", name: str = ROUND_LOCK, what: str = "round",
                  keep_left: bool = False, maintenance_wait_s: float = MAINTENANCE_WAIT_S,
-                 busy_wait_s: float = 0.0) -> Iterator[str]:
+                 busy_wait_s: float = 0.0, yield_to_series: bool = False) -> Iterator[str]:
     """Hold `<workdir>/<name>` for the duration: a second round in the same workdir fails at once, or, given
     `busy_wait_s`, waits that long for the holder to finish (a round a schedule or an event started: its trigger
-    does not come again).
+    does not come again). `yield_to_series` (a round not of a series): also wait while an `rlhf-rounds` series holds
+    the workdir's SERIES_LOCK, whose rounds take the round lock one after the other: taken between two of them, it
+    failed the series.
 
     Two rounds at once in one workdir race on the first creation of mlflow.db, on the scratch
     directories and on model registration. The lock is an flock, so a killed round releases it.
@@ -136,19 +156,22 @@ def lock_workdir(workdir: str | Path, note: str = "", name: str = ".round.lock",
         while True:
             try:
                 fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
+                holder = _series_holder(path) if yield_to_series else None
+                if holder is None:
+                    break
+                fcntl.flock(f, fcntl.LOCK_UN)  # a series between its rounds: its next round takes the lock
             except BlockingIOError:
                 f.seek(0)
                 holder = f.read().strip() or "another process"
-                waited = time.monotonic() - start
-                if waited > max(busy_wait_s, maintenance_wait_s if MAINTENANCE in holder else 0.0):
-                    more = f" (waited {waited / 60:.0f} min)" if busy_wait_s else ""
-                    raise WorkdirBusyError(f"another {what} is running in {path} ({holder}){more}: wait for it to "
-                                           f"finish, or give this {what} its own workdir", holder) from None
-                if holder != told:  # once per holder: a long wait shows in the run's log what it waits for
-                    log.info("waiting for the %s lock of %s, held by %s", what, path, holder)
-                    told = holder
-                time.sleep(0.5)
+            waited = time.monotonic() - start
+            if waited > max(busy_wait_s, maintenance_wait_s if MAINTENANCE in holder else 0.0):
+                more = f" (waited {waited / 60:.0f} min)" if busy_wait_s else ""
+                raise WorkdirBusyError(f"another {what} is running in {path} ({holder}){more}: wait for it to "
+                                       f"finish, or give this {what} its own workdir", holder)
+            if holder != told:  # once per holder: a long wait shows in the run's log what it waits for
+                _stage_logger().info("waiting for the %s lock of %s, held by %s", what, path, holder)
+                told = holder
+            time.sleep(0.5)
         f.seek(0)
         left_by_killed = f.read().strip()
         f.seek(0)
@@ -498,4 +521,4 @@ def _base_model(manifest: Manifest) -> str:
 
 
 __all__ = ["RunContext", "StageRun", "run_stage", "publish_markdown", "in_prefect_run", "config_digest", "code_version",
-           "lock_workdir", "WorkdirBusyError", "SCRATCH", "scratch_dirs"]
+           "lock_workdir", "WorkdirBusyError", "SCRATCH", "scratch_dirs", "ROUND_LOCK", "SERIES_LOCK"]

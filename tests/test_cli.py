@@ -174,6 +174,44 @@ def test_a_scheduled_or_triggered_round_waits_for_another_round_up_to_its_bound(
         rlhf_round.fn(config=RoundConfig(workdir=str(tmp_path)), wait_for_workdir_minutes=-1)
 
 
+def test_a_waiting_round_lets_a_series_run_all_its_rounds(tmp_path, caplog):
+    """rlhf-rounds holds the series lock across its rounds and the round lock for each in turn: a waiting round
+    took the round lock between two of them and the series' next round failed. It waits for the series now, and
+    its log says whom it waits for."""
+    import logging
+    import threading
+    import time
+
+    from tasks.common import ROUND_LOCK, SERIES_LOCK, WorkdirBusyError, lock_workdir
+
+    gap, events = threading.Event(), []
+
+    def series() -> None:
+        with lock_workdir(tmp_path, note="prefect flow runs series", name=SERIES_LOCK, what="rlhf-rounds"):
+            for k in (1, 2, 3):
+                with lock_workdir(tmp_path, note=f"series round {k}", busy_wait_s=60):
+                    events.append(f"round {k}")
+                    time.sleep(0.3)
+                gap.set()
+                time.sleep(0.6)  # between rounds: the series logs its round, starts the next subflow
+
+    runner_ = threading.Thread(target=series)
+    runner_.start()
+    gap.wait()  # the round lock is free now, the series lock is not
+    with caplog.at_level(logging.INFO, logger="rlhf"):
+        with lock_workdir(tmp_path, note="weekly", busy_wait_s=60, yield_to_series=True):
+            events.append("weekly")
+    runner_.join()
+    assert events == ["round 1", "round 2", "round 3", "weekly"]
+    assert any("held by pid" in r.getMessage() and "prefect flow runs series" in r.getMessage() for r in caplog.records)
+    # a round started by hand fails at once, naming the series, rather than failing it
+    with lock_workdir(tmp_path, note="prefect flow runs series", name=SERIES_LOCK, what="rlhf-rounds"):
+        with pytest.raises(WorkdirBusyError, match="prefect flow runs series"):
+            with lock_workdir(tmp_path, yield_to_series=True):
+                pass
+    assert (tmp_path / ROUND_LOCK).exists()
+
+
 @pytest.mark.parametrize("name, content", [
     ("truncated.json", b'[{"id": 1, "annotations": [{"result": '),
     ("binary.json", bytes(range(256)) * 4),
