@@ -26,6 +26,17 @@ def test_paths_under_the_cwd_or_workdir_resolve(layout):
     assert resolve_allowed("data/../data/ok.json", "k", roots).name == "ok.json"
 
 
+def test_the_workdir_is_a_root_only_inside_the_allowed_ones(layout, monkeypatch):
+    """The workdir is itself a value of the config (a Prefect form): `workdir: /` allowed every file, /etc included."""
+    config = parse_config({"workdir": "/", "annotation": {"exports": [str(layout / "secret" / "key.json")]}})
+    with pytest.raises(PathNotAllowedError, match=r"annotation.exports\[0\]: .*key.json.* outside the allowed roots"):
+        check_config_paths(config)
+    assert allowed_roots(layout / "project" / "runs")[-1] == layout / "project" / "runs"  # under the cwd: a root
+    assert allowed_roots(layout / "elsewhere") == [layout / "project"]
+    monkeypatch.setenv("RLHF_ALLOWED_ROOTS", str(layout))  # under RLHF_ALLOWED_ROOTS: a root again
+    assert allowed_roots(layout / "elsewhere")[-1] == layout / "elsewhere"
+
+
 def test_dotdot_and_symlink_escapes_are_refused(layout):
     roots = allowed_roots()
     with pytest.raises(PathNotAllowedError, match=r"annotation.exports\[0\]: ../secret/key.json resolves to .*secret"):
