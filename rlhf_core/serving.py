@@ -50,10 +50,19 @@ def _rows(model_input: Any, columns: tuple[str, ...]) -> pd.DataFrame:
 
 
 def _settings(defaults: dict[str, Any], params: dict[str, Any] | None) -> dict[str, Any]:
+    """The request's parameters over the defaults, checked. (Served through MLflow, the signature has already
+    dropped an unknown name with a warning and filled in every default.)"""
     unknown = sorted(set(params or {}) - set(defaults))
     if unknown:
         raise ValueError(f"unknown parameter {', '.join(unknown)}: this model takes {', '.join(sorted(defaults))}")
-    return {k: type(v)(params[k]) if params and k in params else v for k, v in defaults.items()}
+    settings = {k: type(v)(params[k]) if params and k in params else v for k, v in defaults.items()}
+    low = {"max_length": 8, "batch_size": 1, "max_new_tokens": 1, "seed": 0, "temperature": 0.0}
+    bad = [f"{k} {settings[k]} (at least {low[k]})" for k in settings if k in low and settings[k] < low[k]]
+    if "top_p" in settings and not 0 < settings["top_p"] <= 1:
+        bad.append(f"top_p {settings['top_p']} (in (0, 1])")
+    if bad:
+        raise ValueError(f"parameter out of range: {'; '.join(bad)}")
+    return settings
 
 
 class RewardScorer:
@@ -92,8 +101,12 @@ class PolicyResponder:
         queries = [format_query(self.tokenizer, p) for p in rows["prompt"]]
         responses: list[str] = []
         for i in range(0, len(queries), s["batch_size"]):
-            rollout = sample_batch(self.model, self.tokenizer, queries[i:i + s["batch_size"]], s["max_new_tokens"],
-                                   temperature=s["temperature"], top_p=s["top_p"], generator_seed=s["seed"] + i)
+            batch = queries[i:i + s["batch_size"]]
+            # sampled: row j draws from its own stream (seed, j), so its response depends on neither the batch size
+            # nor the other prompts of the request (as PPO's ranks draw)
+            row_seeds = [s["seed"] * 1_000_003 + i + j for j in range(len(batch))] if s["temperature"] > 0 else None
+            rollout = sample_batch(self.model, self.tokenizer, batch, s["max_new_tokens"], temperature=s["temperature"],
+                                   top_p=s["top_p"], row_seeds=row_seeds)
             responses += rollout.texts
         return pd.DataFrame({"response": responses}, index=rows.index)
 

@@ -69,12 +69,23 @@ def awaiting_annotation(store: ArtifactStore) -> list[ArtifactRef]:
     return [ref for ref in store.artifacts("responses") if ref.digest not in imported]
 
 
+TRASH = ".trash-"  # a download being deleted: renamed first, so no round ever sees half a model
+
+
 def stale_downloads(workdir: str | Path, used_since: float) -> list[Path]:
     """The registry downloads no round has used since `used_since` (seconds since the epoch: a use touches the
-    version's folder), and every leftover of a killed download (`<name>/download`)."""
+    version's folder), and every leftover of a killed download (`<name>/download`) or deletion (`.trash-*`)."""
     root = Path(workdir) / REGISTRY_DOWNLOADS
     versions = sorted(v for name in root.glob("*") if name.is_dir() for v in name.iterdir() if v.is_dir())
-    return [v for v in versions if v.name == "download" or v.stat().st_mtime < used_since]
+    return [v for v in versions
+            if v.name == "download" or v.name.startswith(TRASH) or v.stat().st_mtime < used_since]
+
+
+def _remove_download(path: Path) -> None:
+    """Rename, then delete: a deletion killed half-way leaves a `.trash-*` folder (the next collection's), never a
+    version folder with half its files, which a round would take for the model."""
+    trash = path if path.name.startswith(TRASH) else path.rename(path.with_name(f"{TRASH}{path.name}"))
+    shutil.rmtree(trash)
 
 
 def plan_garbage(workdir: str | Path, keep_days: float, drop_registered_models: bool = False,
@@ -124,7 +135,7 @@ def collect_garbage(workdir: str | Path, keep_days: float, drop_registered_model
             for path in figures:  # only the removed entries': a killed stage's curves wait there for its resumption
                 shutil.rmtree(path, ignore_errors=True)
             for path in plan.downloads:
-                shutil.rmtree(path, ignore_errors=True)
+                _remove_download(path)
     except WorkdirBusyError as err:
         raise WorkdirBusyError(f"nothing removed: another round or rlhf-rounds is running in {workdir} ({err.holder}); "
                                "clean up when it has finished", err.holder) from None

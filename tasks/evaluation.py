@@ -253,7 +253,8 @@ def registered_policy(ctx: RunContext, name: str, alias: str) -> ArtifactRef:
     if digest and (ctx.store.root / "policy" / digest).is_dir():
         return ctx.store.find("policy", digest)
     target = Path(ctx.workdir) / "registry" / name / str(version.version)
-    if not (target / "config.json").is_file():
+    if not (target / "config.json").is_file():  # renamed into place whole; `rlhf gc` renames it away to delete it
+        shutil.rmtree(target, ignore_errors=True)  # what an older gc's deletion, killed half-way, left
         # where the files are: a `models:/<model_id>` source resolves only through MLflow's process-wide URI
         files = client.get_model_version_download_uri(name, version.version)
         scratch = target.parent / "download"

@@ -67,7 +67,8 @@ PYFUNC_FILES = ("MLmodel", "code", "requirements.txt", "python_env.yaml", "regis
 
 def serving_config(kind: str, stage_config: dict[str, Any]) -> dict[str, Any]:
     """The pyfunc's `model_config` for a model artifact: its kind and the stage's lengths (the reward model reads
-    prompt + response as it was trained to, max_length; a policy answers up to the round's max_new_tokens)."""
+    prompt + response as it was trained to, max_length; the PPO policy answers up to PPO's max_new_tokens, the SFT
+    policy, whose stage has none, up to serving.POLICY_DEFAULTS')."""
     from rlhf_core import serving
 
     if kind == serving.REWARD_MODEL:
@@ -101,8 +102,9 @@ def write_pyfunc_files(folder: Path, run_id: str, model_id: str, name: str, mode
         inputs=Schema([ColSpec("string", c) for c in columns]),
         outputs=Schema([ColSpec("double" if outputs == "reward" else "string", outputs)]),
         params=ParamSchema([ParamSpec(k, "long" if isinstance(v, int) else "double", v) for k, v in defaults.items()]))
-    shutil.copytree(Path(rlhf_core.__file__).parent, folder / "code" / "rlhf_core",
-                    ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    package = Path(rlhf_core.__file__).parent  # its .py files only (all it has): no file someone left beside them
+    shutil.copytree(package, folder / "code" / "rlhf_core", ignore=lambda folder, names: [
+        n for n in names if n == "__pycache__" or (not n.endswith(".py") and not (Path(folder) / n).is_dir())])
     pins = []
     for package in SERVING_REQUIREMENTS:
         try:
@@ -329,6 +331,10 @@ class Tracker:
         else:
             if (model_id := logged_model_id(version)) is not None:
                 self.client.log_outputs(run_id, [LoggedModelOutput(model_id, step=0)])
+                if pyfunc is not None and not any(f.path == "MLmodel" for f in
+                                                  self.client.list_logged_model_artifacts(model_id)):
+                    # registered before models were pyfuncs (2026-11-29): the version a cache hit reuses gets one
+                    self._add_pyfunc(model_id, run_id, name, pyfunc)
             self.log_metrics(run_id, metrics)
         self.client.set_registered_model_alias(name, alias, version.version)
         return int(version.version)
@@ -347,9 +353,7 @@ class Tracker:
                 raise FileNotFoundError(f"{model_dir} holds no model (no config.json): nothing to log as {name}")
             self.client.log_model_artifacts(model.model_id, str(model_dir))
             if pyfunc is not None:
-                with tempfile.TemporaryDirectory() as tmp:
-                    write_pyfunc_files(Path(tmp), run_id, model.model_id, name, pyfunc)
-                    self.client.log_model_artifacts(model.model_id, tmp)
+                self._add_pyfunc(model.model_id, run_id, name, pyfunc)
             self.client.log_outputs(run_id, [LoggedModelOutput(model.model_id, step=0)])
             self.log_metrics(run_id, metrics, model_id=model.model_id)
         except BaseException:
@@ -357,6 +361,12 @@ class Tracker:
             raise
         self.client.finalize_logged_model(model.model_id, "READY")
         return model.model_id
+
+    def _add_pyfunc(self, model_id: str, run_id: str, name: str, pyfunc: dict[str, Any]) -> None:
+        """The logged model's MLmodel file, environment and code (write_pyfunc_files), beside its own files."""
+        with tempfile.TemporaryDirectory() as tmp:
+            write_pyfunc_files(Path(tmp), run_id, model_id, name, pyfunc)
+            self.client.log_model_artifacts(model_id, tmp)
 
     @contextmanager
     def _registry_resolves_models_uris(self) -> Iterator[None]:

@@ -479,13 +479,14 @@ def test_gc_lists_what_nothing_kept_was_made_from_and_removes_it_only_when_asked
         (registry / version / "model.safetensors").write_bytes(b"m" * 2**20)
         os.utime(registry / version, (used, used))
     (registry / "download").mkdir()  # what a killed download left
+    (registry / ".trash-2" / "code").mkdir(parents=True)  # what a killed deletion left
 
     result = runner.invoke(app, ["gc", str(workdir)])  # all used within 30 days: nothing to collect
     assert result.exit_code == 0 and "4 kept" in result.output and "0 unreferenced" in result.output, result.output
     result = runner.invoke(app, ["gc", str(workdir), "--keep-days", "1"])
     assert result.exit_code == 0, result.output
     assert "3 kept" in result.output and "1 unreferenced (1.0 MiB)" in result.output and "votes" in result.output
-    assert "2 registry downloads that no round used in the last 1 days, or a killed download left (1.0 MiB" \
+    assert "3 registry downloads that no round used in the last 1 days, or a killed download left (1.0 MiB" \
         in " ".join(result.output.split())
     assert "--keep-days 1 --remove` to delete them" in result.output
     assert (workdir / "artifacts" / "votes" / stale.digest).is_dir()  # nothing removed unasked
@@ -496,7 +497,7 @@ def test_gc_lists_what_nothing_kept_was_made_from_and_removes_it_only_when_asked
         assert busy.exit_code == 2 and "nothing removed: another" in busy.output, busy.output
     result = runner.invoke(app, ["gc", str(workdir), "--keep-days", "1", "--remove"])
     assert result.exit_code == 0, result.output
-    assert "removed 1 artifacts (1.0 MiB), 1 cache entries, 1 figure directories and 2 registry downloads" \
+    assert "removed 1 artifacts (1.0 MiB), 1 cache entries, 1 figure directories and 3 registry downloads" \
         in " ".join(result.output.split())
     assert sorted(p.name for p in registry.iterdir()) == ["5"]  # used today: kept
     assert not (workdir / "artifacts" / "votes" / stale.digest).exists()

@@ -276,6 +276,53 @@ def test_each_registered_model_loads_and_predicts_as_an_mlflow_pyfunc(rounds, st
         assert got["response"].tolist() == direct
         shorter = model.predict(pd.DataFrame({"prompt": PROMPTS}), params={"max_new_tokens": 2})["response"]
         assert all(len(tokenizer(s, add_special_tokens=False).input_ids) <= 2 for s in shorter)
+        # sampled, a row's response depends on its seed and place, not on the batch it was drawn in
+        three = pd.DataFrame({"prompt": PROMPTS + ["What is 1+1?"]})
+        sampled = {b: model.predict(three, params={"temperature": 1.0, "seed": 3, "batch_size": b})["response"]
+                   .tolist() for b in (1, 3)}
+        assert sampled[1] == sampled[3]
+
+
+def test_a_registered_model_is_served_by_its_own_copy_of_the_code_in_a_fresh_process(rounds, tmp_path):
+    """The code/ folder the MLmodel names is what a serving process imports (not an installed rlhf_core)."""
+    import subprocess
+    import sys
+
+    summary = rounds["miss"]
+    script = ("import sys, mlflow, pandas as pd; m = mlflow.pyfunc.load_model(sys.argv[1]); import rlhf_core; "
+              "print(rlhf_core.__file__); print(m.predict(pd.DataFrame({'prompt': ['What is 2+3?'], "
+              "'response': [' It is 5.']}))['reward'][0])")
+    env = {"MLFLOW_TRACKING_URI": summary["mlflow"]["tracking_uri"], "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
+    done = subprocess.run([sys.executable, "-c", script, f"models:/{MODELS['reward']}@candidate"], cwd=tmp_path,
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    module_file, reward = done.stdout.split()[-2:]
+    assert "/code/rlhf_core/__init__.py" in module_file and "site-packages" not in module_file
+    from rlhf_core.models import load_tokenizer
+    from rlhf_core.reward.model import RewardModel, score_texts
+
+    ref = ArtifactRef(**summary["artifacts"]["reward"])
+    direct = score_texts(RewardModel.load(ref.path), load_tokenizer(ref.path), ["What is 2+3?"], [" It is 5."], 96)
+    assert float(reward) == pytest.approx(float(direct[0]), abs=1e-5)
+
+
+def test_a_version_registered_before_models_were_pyfuncs_gets_one_on_its_next_cache_hit(rounds, tmp_path,
+                                                                                        monkeypatch):
+    import mlflow
+
+    ref = ArtifactRef(**rounds["miss"]["artifacts"]["reward"])
+    uri = f"sqlite:///{tmp_path / 'm.db'}"
+    tracker = Tracker(uri, "legacy", tmp_path / "artifacts")
+    tags = {"rlhf.digest": ref.digest, "rlhf.stage": "reward"}
+    tracker.register_model(tracker.start_run("reward", {}), Path(ref.path), "legacy-rm", "candidate", tags=tags)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    with pytest.raises(Exception, match="MLmodel"):
+        mlflow.pyfunc.load_model("models:/legacy-rm/1")
+    pyfunc = {"kind": "reward_model", "max_length": 96}
+    assert tracker.register_model(tracker.start_run("reward", {}), Path(ref.path), "legacy-rm", "candidate",
+                                  tags=tags, pyfunc=pyfunc) == 1  # the same version, now a pyfunc
+    scored = mlflow.pyfunc.load_model("models:/legacy-rm/1").predict([{"prompt": "1+1", "response": " 2"}])
+    assert scored.shape == (1, 1)
 
 
 def test_a_pyfunc_request_it_cannot_read_is_refused_with_what_to_send(tmp_path):
@@ -289,4 +336,7 @@ def test_a_pyfunc_request_it_cannot_read_is_refused_with_what_to_send(tmp_path):
         _rows({"prompt": [3]}, ("prompt",))
     with pytest.raises(ValueError, match="unknown parameter max_tokens: this model takes batch_size, max_new_tokens"):
         _settings(POLICY_DEFAULTS, {"max_tokens": 3})
-    assert _settings(POLICY_DEFAULTS, {"temperature": 1})["temperature"] == 1.0
+    assert isinstance(_settings(POLICY_DEFAULTS, {"temperature": 1})["temperature"], float)
+    assert isinstance(_settings(POLICY_DEFAULTS, {"max_new_tokens": 4.0})["max_new_tokens"], int)
+    with pytest.raises(ValueError, match=r"out of range: batch_size 0 \(at least 1\); top_p 1.5 \(in \(0, 1\]\)"):
+        _settings(POLICY_DEFAULTS, {"batch_size": 0, "top_p": 1.5})
