@@ -25,7 +25,7 @@ from rlhf_core.sim.metrics import gold_agreement_of_pairs
 from tasks.common import RunContext, StageRun, in_prefect_run, run_stage
 
 COLLECT_VERSION = "2"
-IMPORT_VERSION = "3"
+IMPORT_VERSION = "4"  # 4: a Label Studio task without data.task_id named by what it shows; pairs by their two responses
 SIMULATED_EXPORT = "00-simulated-label-studio.json"
 
 
@@ -53,8 +53,9 @@ def collect_annotations(ctx: RunContext, cfg: AnnotationConfig, world: WorldConf
     def produce(out: Path, run: StageRun) -> dict[str, float]:
         (out / "exports").mkdir()
         if files:
+            width = max(2, len(str(len(files) - 1)))  # the import reads them in name order: 100 after 99
             for i, (f, sha) in enumerate(zip(files, keyed)):
-                copy = out / "exports" / f"{i:02d}-{f.name}"
+                copy = out / "exports" / f"{i:0{width}d}-{f.name}"
                 shutil.copyfile(f, copy)
                 if sha256_file(copy) != sha:  # else the copy would be committed under the key of other content
                     raise ExportChangedError(

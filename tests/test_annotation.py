@@ -1,5 +1,6 @@
 """Label Studio import: accepted + quarantined = input, reasons named; majority pairs."""
 
+import hashlib
 import json
 
 import pandas as pd
@@ -111,6 +112,12 @@ def _ranking(aid, who, ids, lists=None):
                         "value": {"ranker": lists if lists is not None else {"rank": ids}}}]}
 
 
+def _shown(*ids: str) -> str:
+    """The task id of a task without data.task_id: made from the ids it shows (Label Studio's own task["id"] is
+    per project: two projects' "task 1" were one task)."""
+    return "ls-" + hashlib.sha256("\0".join(ids).encode()).hexdigest()[:16]
+
+
 def test_mixed_export_gives_annotations_scores_and_reasons():
     export = [
         _task(1, "r1", "r2", "p1", [_ann(1, 7, "right")]),
@@ -129,15 +136,15 @@ def test_mixed_export_gives_annotations_scores_and_reasons():
     result = import_label_studio_export(export, RESPONSES, max_rating=5)
     assert result.template_counts == {"pairwise": 1, "rating": 2, "ranker": 2}
     assert result.annotations[["annotation_id", "label"]].values.tolist() == [["t1:7", "b"]]
-    scores = result.scores
+    scores, rated, ranked = result.scores, _shown("p1", "r1"), _shown("p1", "r1", "r2", "r3")
     assert scores[["score_id", "annotation_id", "response_id", "score", "annotator"]].values.tolist() == [
-        ["2:7:r1", "2:7", "r1", 4.0, "7"],
-        ["2:8:r1", "2:8", "r1", 2.0, "8"],
-        ["5:7:r3", "5:7", "r3", -1.0, "7"],
-        ["5:7:r1", "5:7", "r1", -2.0, "7"],
-        ["5:7:r2", "5:7", "r2", -3.0, "7"],
-        ["5:8:r2", "5:8", "r2", -1.0, "8"],
-        ["5:8:r1", "5:8", "r1", -2.0, "8"],
+        [f"{rated}:7:r1", f"{rated}:7", "r1", 4.0, "7"],
+        [f"{rated}:8:r1", f"{rated}:8", "r1", 2.0, "8"],
+        [f"{ranked}:7:r3", f"{ranked}:7", "r3", -1.0, "7"],
+        [f"{ranked}:7:r1", f"{ranked}:7", "r1", -2.0, "7"],
+        [f"{ranked}:7:r2", f"{ranked}:7", "r2", -3.0, "7"],
+        [f"{ranked}:8:r2", f"{ranked}:8", "r2", -1.0, "8"],
+        [f"{ranked}:8:r1", f"{ranked}:8", "r1", -2.0, "8"],
     ]  # fmt: skip
     validate_table("scores", scores)
     validate_table("annotations", result.annotations)
@@ -155,7 +162,7 @@ def test_judgement_ids_are_stable_across_exports():
     again = [_task(1, "r1", "r2", "p1", [_ann(901, 7)]), _rating_task(2, "r1", "p1", [_rating(902, 7, 4)])]
     a, b = import_label_studio_export(first, RESPONSES), import_label_studio_export(again, RESPONSES)
     assert a.annotations["annotation_id"].tolist() == b.annotations["annotation_id"].tolist() == ["t1:7"]
-    assert a.scores["score_id"].tolist() == b.scores["score_id"].tolist() == ["2:7:r1"]
+    assert a.scores["score_id"].tolist() == b.scores["score_id"].tolist() == [f"{_shown('p1', 'r1')}:7:r1"]
 
 
 def test_pairwise_only_importer_refuses_scores():

@@ -144,3 +144,18 @@ def test_an_export_that_changes_while_it_is_copied_is_refused_not_committed_unde
     summary = _round(allow_tmp / "w", [export])  # the whole file now: keyed and copied as one
     comparisons, _, _ = _tables(summary)
     assert len(comparisons) == 20
+
+
+def test_a_hundred_and_one_exports_are_imported_in_the_order_given(prefect_api, allow_tmp):
+    """The copies were named 00- to 100-, and read in name order: "100-..." came before "99-...", so of two files
+    with the same judgement the later one was kept and the earlier quarantined."""
+    lines = _hh_lines(100)
+    exports = []
+    for i in range(101):
+        exports.append(allow_tmp / f"batch-{i}.jsonl")
+        exports[-1].write_text(lines[min(i, 99)])  # files 99 and 100 hold the same pair
+    _, quarantine, ref = _tables(_round(allow_tmp / "w", exports))
+    assert sorted(p.name for p in (Path(ref.path).parent.parent / "annotation_export").glob("*/exports/*"))[-1] \
+        == "100-batch-100.jsonl"
+    assert quarantine["reason"].tolist() == ["duplicate"] and quarantine["source_file"].tolist() == [
+        "100-batch-100.jsonl"]

@@ -106,3 +106,91 @@ def test_detect_file_format(tmp_path):
     assert detect_file_format(tmp_path / "x.parquet") == "score_table"
     with pytest.raises(ValueError, match="annotation.format"):
         detect_file_format(tmp_path / "x.txt")
+
+
+def _pairwise(tid, pid, a, b, votes, task_id=None):
+    """A Label Studio pairwise task; `votes`: (annotator, "left" | "right"); no data.task_id unless given."""
+    data = {"prompt_id": pid, "answer1_id": a, "answer2_id": b} | ({"task_id": task_id} if task_id else {})
+    return {"id": tid, "data": data, "annotations": [
+        {"id": i, "completed_by": who, "result": [{"type": "pairwise", "value": {"selected": side}}]}
+        for i, (who, side) in enumerate(votes)]}
+
+
+def _pairs(result) -> dict:
+    return {(c, r): n for c, r, n in result.comparisons[["chosen_id", "rejected_id", "n_labels"]].itertuples(
+        index=False)}
+
+
+def test_two_projects_task_1_are_two_pairs_not_one(tmp_path):
+    """Label Studio numbers tasks per project: project A's task 1 (p1: r1 | r2) and project B's task 1 (p2: r4 | r5)
+    were pooled into one pair, B's votes reversing A's, and B's pair vanished without a quarantine row."""
+    a = _write(tmp_path / "A.json", [_pairwise(1, "p1", "r1", "r2", [(7, "left")])])
+    b = _write(tmp_path / "B.json", [_pairwise(1, "p2", "r4", "r5", [(7, "right"), (8, "right")])])
+    result = import_files([a, b], RESPONSES, AnnotationConfig())
+    assert _pairs(result) == {("r1", "r2"): 1, ("r5", "r4"): 2}
+    assert result.report["accepted"] == 3 and result.report["quarantined"] == 0
+    again = import_files([a, b, a], RESPONSES, AnnotationConfig())  # re-added: a duplicate, nothing changes
+    assert _pairs(again) == _pairs(result) and again.report["quarantined"] == 1
+    # the pipeline's own task ids reused for two pairs: kept apart, each pair named by its content
+    reused = _write(tmp_path / "C.json", [_pairwise(1, "p1", "r1", "r2", [(7, "left")], task_id="t1"),
+                                         _pairwise(2, "p2", "r4", "r5", [(8, "left")], task_id="t1")])
+    result = import_files([reused], RESPONSES, AnnotationConfig())
+    assert _pairs(result) == {("r1", "r2"): 1, ("r4", "r5"): 1} and result.report["pairwise/task_ids_reused"] == 1
+    assert result.comparisons["pair_id"].is_unique
+
+
+def test_a_pair_shown_in_both_orders_is_one_pair_with_every_vote(tmp_path):
+    """r1 | r2 (1 left, 2 right) and r2 | r1 (2 right): r1 wins 3 to 2, not two pairs that contradict each other."""
+    export = _write(tmp_path / "both.json", [
+        _pairwise(1, "p1", "r1", "r2", [(1, "left"), (2, "right"), (3, "right")], task_id="t1"),
+        _pairwise(2, "p1", "r2", "r1", [(4, "right"), (5, "right")], task_id="t2")])
+    result = import_files([export], RESPONSES, AnnotationConfig())
+    assert _pairs(result) == {("r1", "r2"): 5}
+    assert result.comparisons["label_agreement"].tolist() == [pytest.approx(0.6)]
+    one = import_files([_write(tmp_path / "one.json", [_pairwise(1, "p1", "r1", "r2", [(1, "left")],
+                                                                 task_id="t1")])], RESPONSES, AnnotationConfig())
+    assert one.comparisons["pair_id"].tolist() == ["t1"]  # a pair one task showed keeps the task's id
+
+
+def test_one_user_exported_as_an_id_or_as_an_object_is_one_annotator(tmp_path):
+    plain = [_pairwise(1, "p1", "r1", "r2", [(7, "left"), (8, "right"), (9, "right")], task_id="t1")]
+    expanded = json.loads(json.dumps(plain))
+    for annotation in expanded[0]["annotations"]:
+        annotation["completed_by"] = {"id": annotation["completed_by"], "email": f"u{annotation['completed_by']}@x"}
+    once = import_files([_write(tmp_path / "a.json", plain)], RESPONSES, AnnotationConfig())
+    twice = import_files([_write(tmp_path / "a.json", plain), _write(tmp_path / "b.json", expanded)], RESPONSES,
+                         AnnotationConfig())
+    assert _pairs(twice) == _pairs(once) == {("r2", "r1"): 3} and twice.report["quarantined"] == 3
+
+
+def test_score_files_without_annotators_are_one_annotator_each(tmp_path):
+    """A vendor file per annotator, no annotator column: the second file's rows were quarantined as the first's."""
+    (tmp_path / "alice.csv").write_text("prompt_id,response_id,score\np1,r1,5\np1,r2,3\np1,r3,1\n")
+    (tmp_path / "bob.csv").write_text("prompt_id,response_id,score\np1,r1,4\np1,r2,5\np1,r3,1\n")
+    result = import_files([tmp_path / "alice.csv", tmp_path / "bob.csv"], RESPONSES, AnnotationConfig())
+    assert result.report["accepted"] == 6 and result.report["quarantined"] == 0
+    assert result.report["agreement/scores/n_annotators"] == 2
+    again = import_files([tmp_path / "alice.csv", tmp_path / "alice.csv"], RESPONSES, AnnotationConfig())
+    assert again.report["quarantined"] == 3 and set(again.quarantine["reason"]) == {"duplicate"}
+    pd.DataFrame({"prompt_id": ["p1"] * 4, "response_id": ["r1", "r2", "r3", "r1"], "score": [5, 3, 1, 2],
+                  "annotator": [7, 7, 7, None]}).to_parquet(tmp_path / "gaps.parquet")  # ints with a gap: floats
+    gaps = import_files([tmp_path / "gaps.parquet"], RESPONSES, AnnotationConfig())
+    assert gaps.report["quarantined"] == 0 and set(gaps.scores["annotator"]) == {"7", gaps.scores["annotator"][3]}
+
+
+def test_a_gzipped_a_bom_and_a_too_deep_label_studio_export(tmp_path):
+    import gzip
+
+    from rlhf_core.annotation.importer import ImportFormatError
+
+    tasks = [_pairwise(1, "p1", "r1", "r2", [(7, "left")], task_id="t1")]
+    (tmp_path / "e.json.gz").write_bytes(gzip.compress(json.dumps(tasks).encode()))
+    (tmp_path / "bom.json").write_bytes(b"\xef\xbb\xbf" + json.dumps(tasks).encode())
+    for name in ("e.json.gz", "bom.json"):
+        assert _pairs(import_files([tmp_path / name], RESPONSES, AnnotationConfig())) == {("r1", "r2"): 1}
+    (tmp_path / "deep.json").write_text("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(ImportFormatError, match="nested too deeply"):
+        import_files([tmp_path / "deep.json"], RESPONSES, AnnotationConfig())
+    (tmp_path / "broken.json.gz").write_bytes(b"not gzip")
+    with pytest.raises(ImportFormatError, match="not a whole gzip file"):
+        import_files([tmp_path / "broken.json.gz"], RESPONSES, AnnotationConfig())

@@ -9,7 +9,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from rlhf_core.annotation.label_studio import ImportFormatError
-from rlhf_core.annotation.score_tables import detect_table_format, import_score_table
+from rlhf_core.annotation.score_tables import detect_table_format, file_annotator, import_score_table
 from rlhf_core.schemas import validate_table
 
 RESPONSES = pd.DataFrame({
@@ -47,10 +47,12 @@ def test_jsonl_scores_ranks_and_rankings_with_every_reason(tmp_path):
     path = tmp_path / "scores.jsonl"
     path.write_text("\n".join(line if isinstance(line, str) else json.dumps(line) for line in lines) + "\n\n")
     scores, quarantine = import_score_table(path, RESPONSES)
+    unnamed = file_annotator(path)  # the file, by its bytes: a second vendor file without names is another annotator
+    assert unnamed.startswith("file:") and len(unnamed) == 17
     assert scores[["score_id", "response_id", "score", "annotator", "source_index"]].values.tolist() == [
         ["score:r1:ann:r1", "r1", 4.5, "ann", 0],
         ["score:r2:ann:r2", "r2", -2.0, "ann", 1],
-        ["score:r3::r3", "r3", 1.0, "", 2],
+        [f"score:r3:{unnamed}:r3", "r3", 1.0, unnamed, 2],
         ["ranking:p1:5:r3", "r3", -1.0, "5", 3],
         ["ranking:p1:5:r1", "r1", -2.0, "5", 3],
         ["ranking:p1:5:r2", "r2", -3.0, "5", 3],

@@ -15,9 +15,14 @@ Judgement ids are derived from content, so they are the same in every export of 
 project; a later export that repeats a judgement can then be dropped as a duplicate:
 
     task_id       = data["task_id"] when it is a non-empty string (the pipeline's own task id),
-                    else str(task["id"]) (Label Studio's task id)
+                    else one made from what the task shows: "ls-" + a hash of prompt_id and the
+                    answer ids in their order (pairwise), of prompt_id and response_id (rating), or of
+                    prompt_id and the item ids (ranker); Label Studio's own task["id"] only when the
+                    data lacks those fields (the task is then quarantined for them). Label Studio
+                    numbers tasks per project and instance, so two projects' exports both hold a
+                    "task 1": by that number their judgements were pooled into one pair.
     annotator     = str(annotation["completed_by"]) (a Label Studio user id; for an object, its
-                    "email", else its "id")
+                    "id", else its "email": a project exported both ways names one user once)
     annotation_id = f"{task_id}:{annotator}"        (one judgement per annotator and task)
     score_id      = f"{annotation_id}:{response_id}"
 
@@ -49,8 +54,11 @@ reasons, in the order they are checked:
 
 from __future__ import annotations
 
+import gzip
+import hashlib
 import json
 import math
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -99,13 +107,22 @@ class _Judgement:
 
 
 def read_export(path: str | Path) -> list[dict]:
+    """The export's tasks: UTF-8 JSON, with or without a byte-order mark, gzipped when the name ends in .gz."""
     path = Path(path)
+    raw = path.read_bytes()
+    if path.suffix.lower() == ".gz":
+        try:
+            raw = gzip.decompress(raw)
+        except (OSError, EOFError, zlib.error) as err:  # gzip.BadGzipFile is an OSError
+            raise ImportFormatError(f"{path}: not a whole gzip file ({err})") from None
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(raw.decode("utf-8-sig"))
     except UnicodeDecodeError as err:
         raise ImportFormatError(f"{path}: not UTF-8 text ({err})") from None
     except json.JSONDecodeError as err:
         raise ImportFormatError(f"{path}: not valid JSON at line {err.lineno} column {err.colno}: {err.msg}") from None
+    except RecursionError:
+        raise ImportFormatError(f"{path}: JSON nested too deeply to be a Label Studio export") from None
     if not isinstance(data, list):
         raise ImportFormatError(f"{path}: a Label Studio JSON export is a list of tasks, got {type(data).__name__}")
     return data
@@ -171,9 +188,25 @@ def check_ranking(ranking: object, prompt_id: str, known: dict[str, str], items:
     return tuple(ranking)
 
 
+def _shown(data: dict) -> list[str] | None:
+    """The ids the task shows (prompt_id, then the answers, the rated response or the items), or None when a field
+    is missing or not a string."""
+    if isinstance(data.get("answer1_id"), str) and isinstance(data.get("answer2_id"), str):
+        ids = [data.get("prompt_id"), data["answer1_id"], data["answer2_id"]]
+    elif isinstance(data.get("response_id"), str):
+        ids = [data.get("prompt_id"), data["response_id"]]
+    elif isinstance(data.get("items"), list) and all(isinstance(i, dict) for i in data["items"]):
+        ids = [data.get("prompt_id"), *(i.get("id") for i in data["items"])]
+    else:
+        return None
+    return ids if all(isinstance(i, str) for i in ids) else None
+
+
 def _task_id(task: dict, data: dict) -> str:
     if isinstance(data.get("task_id"), str) and data["task_id"]:
         return check_unicode(data["task_id"], "data.task_id")
+    if (shown := _shown(data)) is not None:
+        return "ls-" + hashlib.sha256("\0".join(shown).encode("utf-8", "surrogatepass")).hexdigest()[:16]
     if isinstance(task.get("id"), (int, str)) and not isinstance(task.get("id"), bool) and task.get("id") != "":
         return check_unicode(str(task["id"]), "task id")
     raise Rejected("missing_field", "the task has neither data.task_id nor an id")
@@ -181,8 +214,8 @@ def _task_id(task: dict, data: dict) -> str:
 
 def _annotator(annotation: dict) -> str:
     who = annotation.get("completed_by")
-    if isinstance(who, dict):  # some exports expand the user
-        who = who.get("email") or who.get("id")
+    if isinstance(who, dict):  # some exports expand the user: its id is what the plain form holds
+        who = who.get("id") if who.get("id") not in (None, "") else who.get("email")
     if isinstance(who, bool) or not isinstance(who, (int, str)) or who == "":
         raise Rejected("missing_field", "annotation.completed_by (the annotator) is missing")
     return check_unicode(str(who), "annotation.completed_by")

@@ -7,7 +7,8 @@ A row is one of
     a ranking JSONL / Parquet only: prompt_id, ranking (response ids, best first, >= 2, distinct),
               annotator (optional) -> one scores row per id, score = -position (the first is -1);
               the checks are label_studio.check_ranking, as for a Label Studio Ranker
-A missing (absent, null, or an empty CSV cell) annotator is "". Files stream: JSONL line by line,
+A missing (absent, null, or an empty CSV cell) annotator is the file (`file:` + 12 hex of its sha256): one
+annotator per file; the same file added again is a duplicate, another file another annotator. Files stream: JSONL line by line,
 CSV row by row (the csv module, first row = header), Parquet by record batches. The format comes
 from the file name (.jsonl / .json -> jsonl, .csv, .parquet; .gz for jsonl and csv) or fmt.
 
@@ -42,7 +43,9 @@ from __future__ import annotations
 
 import csv
 import gzip
+import hashlib
 import json
+import math
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -188,13 +191,28 @@ def _parquet_records(path: Path) -> Iterator[tuple[object, str]]:
         raise ImportFormatError(f"{path}: a broken Parquet file ({err})") from None
 
 
-def _annotator(record: dict) -> str:
+def _annotator(record: dict, unnamed: str) -> str:
+    """The row's annotator: a string, or an integer (also as a whole float: pandas writes an integer column with a
+    gap as floats); `unnamed` when it has none."""
     who = record.get("annotator")
-    if who is None or who == "":
-        return ""
+    if who is None or who == "" or (isinstance(who, float) and math.isnan(who)):
+        return unnamed
+    if isinstance(who, float) and who.is_integer():
+        who = int(who)
     if isinstance(who, bool) or not isinstance(who, (str, int)):
         raise Rejected("missing_field", f"annotator {who!r} is neither a string nor an integer")
     return check_unicode(str(who), "annotator")
+
+
+def file_annotator(path: Path) -> str:
+    """The annotator of a file's rows that name none: the file, by its bytes (`file:` + 12 hex of its sha256).
+    Two such files are two annotators (a vendor's file per annotator), the same file added again is a duplicate;
+    before, every unnamed row was annotator "" and a second file's rows were quarantined as the first's."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return f"file:{digest.hexdigest()[:12]}"
 
 
 def _number(record: dict, name: str) -> float:
@@ -210,12 +228,12 @@ def _number(record: dict, name: str) -> float:
     return number
 
 
-def _judgement(record: object, known: dict[str, str]) -> _Judgement:
+def _judgement(record: object, known: dict[str, str], unnamed: str) -> _Judgement:
     """The judgement of one row, or raise Rejected (reasons in the module docstring)."""
     if not isinstance(record, dict):
         raise Rejected("malformed_json", f"a JSON {type(record).__name__}, not an object")
     prompt_id = text_field(record, "prompt_id", where="row")
-    annotator = _annotator(record)
+    annotator = _annotator(record, unnamed)
     if record.get("ranking") is not None:
         ranking = check_ranking(record["ranking"], prompt_id, known)
         scored = tuple((rid, -float(position)) for position, rid in enumerate(ranking, start=1))
@@ -261,12 +279,13 @@ def import_score_table(
     known = dict(zip(responses["response_id"], responses["prompt_id"]))
     rows, quarantined, n_rows = [], [], 0
     first: dict[str, _Judgement] = {}  # annotation_id -> its accepted judgement
+    unnamed = file_annotator(path)
     for source_index, (record, raw) in enumerate(records(path)):
         n_rows += 1
         try:
             if isinstance(record, Rejected):
                 raise record
-            judgement = _judgement(record, known)
+            judgement = _judgement(record, known, unnamed)
             check_not_repeated(first, judgement.annotation_id, judgement,
                                f"{judgement.annotation_id} was already given by an earlier row")
         except Rejected as rejected:

@@ -144,7 +144,7 @@ def _lines(path: Path) -> Iterator[tuple[int, bytes]]:
     A broken gzip stream is a problem of the whole file, not of a row: it raises ImportFormatError.
     """
     try:
-        with (gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")) as f:
+        with (gzip.open(path, "rb") if path.suffix.lower() == ".gz" else open(path, "rb")) as f:
             for number, line in enumerate(f):
                 if number == 0:
                     line = line.removeprefix(codecs.BOM_UTF8)
