@@ -363,6 +363,9 @@ class AnnotationConfig(StrictModel):
         "drop", description="equal scores: drop the pair, or keep it as a tie (trained towards P = 0.5)"
     )
     max_field_chars: int = Field(20_000, ge=1, description="text pairs: longer prompt/chosen/rejected is quarantined")
+    max_rating: int | None = Field(
+        None, ge=1, description="Label Studio rating template: its maxRating; a rating outside 1..max_rating is "
+        "quarantined (bad_rating). None: any finite rating")
 
 
 class ContrastiveConfig(StrictModel):

@@ -194,3 +194,25 @@ def test_a_gzipped_a_bom_and_a_too_deep_label_studio_export(tmp_path):
     (tmp_path / "broken.json.gz").write_bytes(b"not gzip")
     with pytest.raises(ImportFormatError, match="not a whole gzip file"):
         import_files([tmp_path / "broken.json.gz"], RESPONSES, AnnotationConfig())
+
+
+def test_text_pairs_preferred_both_ways_keep_the_first(tmp_path):
+    """yes > no in one row (or file) and no > yes in another were both accepted, each with agreement 1.0."""
+    row = lambda chosen, rejected: json.dumps({"prompt": "ok?", "chosen": chosen, "rejected": rejected})  # noqa: E731
+    (tmp_path / "t1.jsonl").write_text(row("yes", "no") + "\n" + row("no", "yes") + "\n")
+    (tmp_path / "t2.jsonl").write_text(row("no", "yes") + "\n" + row("maybe", "no") + "\n")
+    result = import_files([tmp_path / "t1.jsonl", tmp_path / "t2.jsonl"], RESPONSES, AnnotationConfig())
+    assert list(zip(result.comparisons["chosen"], result.comparisons["rejected"])) == [("yes", "no"), ("maybe", "no")]
+    assert result.quarantine["reason"].tolist() == ["contradictory", "contradictory"]
+    assert result.quarantine["source_file"].tolist() == ["t1.jsonl", "t2.jsonl"]
+    assert result.report["accepted"] + result.report["quarantined"] == 4
+
+
+def test_ratings_outside_the_templates_scale_are_quarantined_when_it_is_given(tmp_path):
+    export = _write(tmp_path / "ratings.json", [_rating(1, "p1", "r1", [(1, 50), (2, 4)]),
+                                                _rating(2, "p1", "r2", [(1, 0), (2, 2)])])
+    unchecked = import_files([export], RESPONSES, AnnotationConfig())
+    assert unchecked.report["quarantined"] == 0
+    checked = import_files([export], RESPONSES, AnnotationConfig(max_rating=5))
+    assert checked.quarantine["reason"].tolist() == ["bad_rating", "bad_rating"]
+    assert "outside 1..5" in checked.quarantine["detail"].iloc[0]

@@ -42,6 +42,15 @@ def test_split_two_turn_dialogue():
     assert rejected_reply == "No idea."
 
 
+def test_a_reply_that_holds_the_marker_stays_a_reply():
+    """Cut at the chosen dialogue's last marker, this pair was quarantined as prefix_mismatch."""
+    chosen = dialogue("Hi", "Say this: \n\nAssistant: hello")
+    rejected = dialogue("Hi", "No.")
+    prompt, chosen_reply, rejected_reply = split_hh_dialogue(chosen, rejected)
+    assert prompt == "\n\nHuman: Hi\n\nAssistant:" and chosen_reply == "Say this: \n\nAssistant: hello"
+    assert rejected_reply == "No."
+
+
 def test_split_rejects_bad_dialogues():
     with pytest.raises(ValueError, match="no '\\\\n\\\\nAssistant:' marker"):
         split_hh_dialogue("\n\nHuman: hi", "\n\nHuman: hi")

@@ -193,7 +193,7 @@ def import_files(paths: list[str | Path], responses: pd.DataFrame, cfg: Annotati
         fmt = detect_file_format(path) if cfg.format == "auto" else cfg.format
         report[f"files/{fmt}"] = report.get(f"files/{fmt}", 0) + 1
         if fmt == "label_studio":
-            result = import_label_studio_export(read_export(path), responses)
+            result = import_label_studio_export(read_export(path), responses, max_rating=cfg.max_rating)
             new_ann, new_scores, bad = result.annotations, result.scores, result.quarantine
         elif fmt == "score_table":
             new_ann, (new_scores, bad) = _empty("annotations"), import_score_table(path, responses)
@@ -201,11 +201,16 @@ def import_files(paths: list[str | Path], responses: pd.DataFrame, cfg: Annotati
             found, bad = _read_text_pairs(path, fmt, cfg.max_field_chars)
             n_in = len(found) + len(bad)
             repeated = found["pair_id"].isin(text_pair_ids).to_numpy()
-            dup = [(name, -1, "duplicate", f"pair {pid} already imported from an earlier file",
+            reversed_ids = [text_pairs.reversed_pair_id(row) for row in
+                            found[["prompt_id", "chosen_id", "rejected_id"]].to_dict("records")]
+            reverse = pd.Series(reversed_ids, index=found.index).isin(text_pair_ids).to_numpy() & ~repeated
+            clash = found.loc[repeated | reverse, ["pair_id", "prompt", "chosen", "rejected"]]
+            dup = [(name, -1, "duplicate" if again else "contradictory",
+                    f"pair {pid} already imported from an earlier file" if again else
+                    "the same two responses as a pair of an earlier file, preferred the other way; the first is kept",
                     json.dumps({"prompt": p, "chosen": c, "rejected": r}))
-                   for pid, p, c, r in found.loc[repeated, ["pair_id", "prompt", "chosen", "rejected"]].itertuples(
-                       index=False)]
-            found = found[~repeated]
+                   for again, (pid, p, c, r) in zip(repeated[repeated | reverse], clash.itertuples(index=False))]
+            found = found[~(repeated | reverse)]
             text_pair_ids.update(found["pair_id"])
             pairs.append(_finish(found, fmt))
             quarantine += [_with_source(bad, name), pd.DataFrame(dup, columns=QUARANTINE_OUT)]

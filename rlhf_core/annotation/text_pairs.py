@@ -32,6 +32,8 @@ line number in the file, `reason`, `detail`, `raw` = the line as text): accepted
     self_pair        chosen == rejected
     bad_margin_label "margin_label" present but not one of MARGIN_BY_LABEL
     duplicate        same prompt, chosen and rejected as an earlier accepted row of the file
+    contradictory    the same prompt and two responses as an earlier accepted row, preferred the other way
+                     (the first row stays accepted)
 
 Ids are content hashes, so importing the same file twice gives identical tables:
     prompt_id = "p" + sha256(prompt)[:16]
@@ -119,17 +121,18 @@ class _Rejected(Exception):
 def split_hh_dialogue(chosen: str, rejected: str) -> tuple[str, str, str]:
     """(prompt, chosen_reply, rejected_reply) from two HH-RLHF dialogues.
 
-    prompt = `chosen` up to and including its last "\\n\\nAssistant:" marker; each reply is the
-    rest of its dialogue with one leading space removed. Raises ValueError if `chosen` has no
-    marker or `rejected` does not start with the same prompt.
+    prompt = the dialogues' common beginning up to and including its last "\\n\\nAssistant:" marker (a
+    reply that itself holds the marker stays a reply: cutting at the chosen dialogue's last marker quarantined such
+    a row); each reply is the rest of its dialogue with one leading space removed. Raises ValueError if `chosen`
+    has no marker or the two differ before the last one they share.
     """
-    cut = chosen.rfind(ASSISTANT)
-    if cut < 0:
+    if ASSISTANT not in chosen:
         raise ValueError(f"chosen dialogue has no {ASSISTANT!r} marker")
+    common = len(os.path.commonprefix([chosen, rejected]))
+    cut = chosen.rfind(ASSISTANT, 0, common)
+    if cut < 0:
+        raise ValueError(f"rejected dialogue does not start with the chosen prompt (they differ at character {common})")
     prompt = chosen[: cut + len(ASSISTANT)]
-    if not rejected.startswith(prompt):
-        at = next((i for i, (a, b) in enumerate(zip(prompt, rejected)) if a != b), min(len(prompt), len(rejected)))
-        raise ValueError(f"rejected dialogue does not start with the chosen prompt (they differ at character {at})")
     return prompt, chosen[len(prompt):].removeprefix(" "), rejected[len(prompt):].removeprefix(" ")
 
 
@@ -360,6 +363,11 @@ class _PairDigests:
             self._recent.clear()
 
 
+def reversed_pair_id(row: dict) -> str:
+    """The pair_id of the same comparison with chosen and rejected swapped."""
+    return comparison_pair_id(row["prompt_id"], row["rejected_id"], row["chosen_id"])
+
+
 def _pair_digest(pair_id: str) -> int:
     """The 64 bits of a pair_id ("c" + 16 hex digits): equal digests mean equal pair_ids."""
     return int(pair_id[1:], 16)
@@ -378,6 +386,9 @@ def _classified_rows(path: Path, fmt: str, max_field_chars: int) -> Iterator[tup
             digest = _pair_digest(row["pair_id"])
             if digest in seen:
                 raise _Rejected("duplicate", f"same pair as an earlier row (pair_id {row['pair_id']})")
+            if _pair_digest(reversed_pair_id(row)) in seen:
+                raise _Rejected("contradictory", "the same two responses as an earlier row, preferred the other "
+                                f"way (pair_id {reversed_pair_id(row)}); the first is kept")
         except _Rejected as rejected:
             raw = line.decode("utf-8", errors="backslashreplace")
             yield None, dict(zip(QUARANTINE_COLUMNS, (number, rejected.reason, rejected.detail, raw)))
