@@ -180,6 +180,9 @@ class Tracker:
         if exp is None:
             # a local store keeps artifacts beside the run files; a tracking server decides for itself
             local = not tracking_uri.startswith(("http://", "https://", "databricks"))
+            if artifact_root is None and tracking_uri.startswith("sqlite:///"):  # beside the database, as a round
+                artifact_root = Path(tracking_uri.removeprefix("sqlite:///")).parent / "mlartifacts"  # puts them;
+                # MLflow's default is ./mlruns in whatever directory the process happens to run in
             location = Path(artifact_root).resolve().as_uri() if artifact_root and local else None
             self.experiment_id = self.client.create_experiment(experiment, artifact_location=location,
                                                                tags={EXPERIMENT_KIND: MODEL_TRAINING})
