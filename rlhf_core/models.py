@@ -6,6 +6,7 @@ Every model this project writes reloads with plain transformers
 
 from __future__ import annotations
 
+import copy
 import importlib.util
 import os
 import shutil
@@ -119,10 +120,18 @@ def classification_head(model: torch.nn.Module) -> torch.nn.Linear:
 
 
 def save_hf(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, out_dir: str | Path) -> None:
-    """Write model + tokenizer as a Hugging Face directory (safetensors)."""
+    """Write model + tokenizer as a Hugging Face directory (safetensors). The tokenizer is saved without the padding
+    and truncation its last call left switched on in a fast tokenizer's backend (tokenizer.json keeps them): a
+    PPO run that rolled out saved left padding, one resumed from a finished checkpoint none, so the same weights
+    were committed under two digests."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(str(out_dir), safe_serialization=True)
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None and (backend.padding is not None or backend.truncation is not None):
+        tokenizer = copy.deepcopy(tokenizer)  # the caller's keeps its state
+        tokenizer.backend_tokenizer.no_padding()
+        tokenizer.backend_tokenizer.no_truncation()
     tokenizer.save_pretrained(str(out_dir))
 
 

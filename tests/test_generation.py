@@ -63,3 +63,19 @@ def test_bad_prompts_fail_before_any_generation():
     long = PROMPTS.assign(prompt=["What is 1+1?", "x" * 200, "y"])
     with pytest.raises(GenerationInputError, match=r"row 1 \(prompt_id p2\): query is 206 tokens"):
         generate_responses(policy, tok, long, PLAN, "tiny", batch_size=2, seed=0)
+
+
+def test_a_tokenizer_saves_the_same_whatever_its_last_call_padded(tmp_path):
+    """Rollouts left left-padding switched on in the fast tokenizer's backend, and tokenizer.json kept it: a PPO run
+    resumed from a finished checkpoint (no rollout) committed the same weights under another digest."""
+    from rlhf_core.artifacts import content_digest
+    from rlhf_core.generation.sampler import sample_batch
+
+    tokenizer = models.build_tokenizer()
+    policy = models.build_policy(TINY, tokenizer)
+    models.save_hf(policy, tokenizer, tmp_path / "fresh")
+    sample_batch(policy, tokenizer, ["Q: 1+1?\nA:", "Q: 2+2? Be polite.\nA:"], 2, temperature=0.0)
+    assert tokenizer.backend_tokenizer.padding is not None  # what a rollout leaves behind
+    models.save_hf(policy, tokenizer, tmp_path / "after")
+    assert content_digest(tmp_path / "after") == content_digest(tmp_path / "fresh")
+    assert tokenizer.backend_tokenizer.padding is not None  # the caller's tokenizer is left as it was
