@@ -32,7 +32,7 @@ from tasks.common import SERIES_LOCK, RunContext, code_tags, lock_workdir, publi
 from tasks.evaluation import evaluate
 from tasks.generation import generate
 from tasks.iteration import (FinishedRound, check_new_import, last_finished_round, pairs_so_far,
-                             record_finished_round, series_base, stop_reason, training_pairs)
+                             record_finished_round, series_base, series_start, stop_reason, training_pairs)
 from tasks.promotion import (evaluation_against_champion, lineage_tags, promote, reward_model_tags,
                              starting_policy, tag_registered_policy)
 from tasks.sampling import sample_prompts
@@ -293,7 +293,12 @@ def _run_stages(config: RoundConfig, stop_after: StageName | None, round_no: int
         if done("sft", train_sft_policy(ctx, config.world, config.policy_model, config.sft, out["world"],
                                         config.seed)):
             return finish_round(ctx, out)
-        policy, source = starting_policy(ctx, config.iteration, out["sft"], start_policy)  # what PPO improves
+        def resolve() -> tuple[ArtifactRef, str]:  # what PPO improves
+            return starting_policy(ctx, config.iteration, out["sft"], start_policy)
+
+        # a series' round k starts where it first started: killed after its promotion, it would start from itself
+        policy, source = (series_start(config.workdir, config.name, round_no, resolve)
+                          if config.iteration.continue_series and start_policy is None else resolve())
         lineage = lineage_tags(ctx, policy, source)
         ctx.tracker.set_tags(ctx.parent_run_id, lineage)
         if done("sample", sample_prompts(ctx, config.sampling, out["world"], seed)):

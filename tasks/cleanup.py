@@ -3,7 +3,8 @@
 Kept: every artifact a stage committed, or found in its cache, in the last `keep_days` days (at least 1: a chained
 round, the next round of `rlhf-rounds` or a stage given an input by digest starts from what the last one made); the
 pairs and policy of each series' last finished round (finished-rounds.json: the next scheduled round starts from
-them); the responses no import has read yet (out for annotation: made again, on another machine they could differ
+them), the policy each series' round under way started from (started-rounds.json: its re-run starts there); the
+responses no import has read yet (out for annotation: made again, on another machine they could differ
 under the same ids, and the annotations would be joined to other texts); and everything upstream of these. With
 `drop_registered_models` the walk up the lineage stops at the policies and reward models the MLflow registry holds: a
 series that starts each round from the champion keeps only its recent models locally.
@@ -22,7 +23,7 @@ from pathlib import Path
 
 from rlhf_core.artifacts import ArtifactRef, ArtifactStore
 from tasks.common import MAINTENANCE, SERIES_LOCK, WorkdirBusyError, lock_workdir
-from tasks.iteration import finished_rounds
+from tasks.iteration import finished_rounds, started_policies
 from tasks.promotion import registered_models
 from tasks.tracking import default_tracking_uri
 
@@ -88,6 +89,17 @@ def _remove_download(path: Path) -> None:
     shutil.rmtree(trash)
 
 
+def _in_store(store: ArtifactStore, refs: list[ArtifactRef]) -> list[ArtifactRef]:
+    """Those of `refs` the store holds (a champion downloaded from the registry is not the store's)."""
+    held = []
+    for ref in refs:
+        try:
+            held.append(store.find(ref.kind, ref.digest))
+        except FileNotFoundError:
+            continue
+    return held
+
+
 def plan_garbage(workdir: str | Path, keep_days: float, drop_registered_models: bool = False,
                  tracking_uri: str | None = None) -> GarbagePlan:
     """What a collection would delete now. Raises ConfigError for a series record that does not read, and
@@ -98,11 +110,12 @@ def plan_garbage(workdir: str | Path, keep_days: float, drop_registered_models: 
     store = store_of(workdir)
     heads = [ref for last in finished_rounds(workdir).values() for ref in (last.pairs, last.policy)]
     held = registered_models(tracking_uri or default_tracking_uri(workdir)) if drop_registered_models else frozenset()
-    roots = heads + awaiting_annotation(store)
+    roots = heads + _in_store(store, started_policies(workdir)) + awaiting_annotation(store)
     used_since = time.time() - keep_days * 86400
     garbage, unreadable = store.unreferenced(roots, used_since=used_since, held_elsewhere=held)
     sizes = {ref.digest: _size(Path(ref.path)) for ref in garbage}
-    downloads = stale_downloads(workdir, used_since)
+    pinned = {Path(ref.path).resolve() for ref in started_policies(workdir)}  # a round under way started there
+    downloads = [path for path in stale_downloads(workdir, used_since) if path.resolve() not in pinned]
     download_bytes = sum(_size(path) for path in downloads)
     by_kind = []
     for kind in sorted({ref.kind for ref in garbage}):

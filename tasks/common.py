@@ -109,6 +109,7 @@ MAINTENANCE = "maintenance:"  # the start of a store maintenance's note (rlhf ve
 MAINTENANCE_WAIT_S = 600.0  # how long at most: gc plans again under the lock (every manifest read)
 
 
+LEFT_BY_KILLED = "left by a killed holder:"  # a keep_left holder's note carries what it found after this
 ROUND_LOCK, SERIES_LOCK = ".round.lock", ".rounds.lock"  # a round's; an rlhf-rounds series' (across its rounds)
 
 
@@ -177,6 +178,8 @@ def lock_workdir(workdir: str | Path, note: str = "", name: str = ROUND_LOCK, wh
         f.seek(0)
         f.truncate()
         f.write(f"pid {os.getpid()} on {socket.gethostname()}" + (f"; {note}" if note else ""))
+        if keep_left and left_by_killed:  # in the file while held: killed too, this holder must not lose it
+            f.write(f"; {LEFT_BY_KILLED} {left_by_killed}")
         f.flush()
         try:
             yield left_by_killed

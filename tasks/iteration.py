@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import pandas as pd
 from prefect import task
@@ -190,6 +190,49 @@ def record_finished_round(workdir: str | Path, name: str, summary: dict[str, Any
     )
     record = {n: r.model_dump(mode="json") for n, r in rounds.items()}
     atomic_write_text(Path(workdir) / FINISHED_ROUNDS, json.dumps(record, indent=2))
+
+
+STARTED_ROUNDS = "started-rounds.json"  # in the workdir: per series name, its round under way and where it started
+
+
+class StartedRound(BaseModel):
+    """The policy a series' round k started from (resolved once: `iteration.start_from: champion` asks the registry).
+    A round killed after its promotion moved the champion, run again as round k, started from its own policy."""
+
+    round_no: int = Field(ge=1)
+    policy: ArtifactRef
+    source: str  # "sft" or "champion": starting_policy's word for it
+
+
+def series_start(workdir: str | Path, name: str, round_no: int,
+                 resolve: Callable[[], tuple[ArtifactRef, str]]) -> tuple[ArtifactRef, str]:
+    """The start of round `round_no` of series `name`: as it was when that round first started (still on disk),
+    else `resolve()`, noted for its re-runs (atomically; the caller holds the workdir's lock)."""
+    path = Path(workdir) / STARTED_ROUNDS
+    try:
+        started = TypeAdapter(dict[str, StartedRound]).validate_json(path.read_text()) if path.is_file() else {}
+    except (OSError, ValueError):
+        _stage_logger().warning("%s does not read: the round's start is resolved again and the record rewritten", path)
+        started = {}
+    pinned = started.get(name)
+    if pinned is not None and pinned.round_no == round_no and Path(pinned.policy.path).is_dir():
+        _stage_logger().info("round %s #%d starts where it first started: %s %s (%s)", name, round_no,
+                             pinned.policy.kind, pinned.policy.digest[:12], pinned.source)
+        return pinned.policy, pinned.source
+    policy, source = resolve()
+    started[name] = StartedRound(round_no=round_no, policy=policy, source=source)
+    atomic_write_text(path, json.dumps({n: r.model_dump(mode="json") for n, r in started.items()}, indent=2))
+    return policy, source
+
+
+def started_policies(workdir: str | Path) -> list[ArtifactRef]:
+    """The policies the series' rounds under way started from (for the store's cleanup: kept)."""
+    path = Path(workdir) / STARTED_ROUNDS
+    try:
+        started = TypeAdapter(dict[str, StartedRound]).validate_json(path.read_text()) if path.is_file() else {}
+    except (OSError, ValueError):
+        return []
+    return [r.policy for r in started.values()]
 
 
 def last_finished_round(workdir: str | Path, name: str, base: dict[str, Any] | None = None) -> FinishedRound | None:

@@ -552,3 +552,28 @@ def test_a_round_whose_judge_server_is_down_is_refused_before_any_work(tmp_path)
     assert result.exit_code == 2, result.output
     assert f"evaluation.http.base_url: nothing answers at http://127.0.0.1:{port}/v1" in " ".join(result.output.split())
     assert not (tmp_path / "w").exists()
+
+
+def test_a_maintenance_killed_under_the_lock_keeps_the_killed_rounds_note(tmp_path):
+    """rlhf gc / verify --remove put a killed round's note back only when they let go: killed themselves, the note
+    was gone, and the next round left that round's MLflow and Prefect runs RUNNING for good."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from flows.round import flow_runs_in
+    from tasks.common import lock_workdir
+
+    killed_note = "pid 1 on elsewhere; prefect flow runs aaa,bbb"
+    (tmp_path / ".round.lock").write_text(killed_note)
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import sys, time; from tasks.common import lock_workdir\n"
+        "with lock_workdir(sys.argv[1], note='maintenance: rlhf gc', keep_left=True, maintenance_wait_s=0):\n"
+        "    print('held', flush=True); time.sleep(60)"), str(tmp_path)], stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline().strip() == "held"
+    holder.send_signal(signal.SIGKILL)
+    holder.wait(timeout=30)
+    time.sleep(0.2)
+    with lock_workdir(tmp_path, note="the next round") as left:
+        assert flow_runs_in(left) == {"aaa", "bbb"} and "maintenance: rlhf gc" in left

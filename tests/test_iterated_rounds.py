@@ -238,3 +238,44 @@ def test_a_continued_series_refuses_what_it_cannot_continue(tmp_path):
         last_finished_round(tmp_path, "weekly")
     with pytest.raises(ConfigError, match="continue_series is for single rounds"):
         check_iterated_rounds(_config(tmp_path, "iteration.continue_series=true"), 2)
+
+
+def test_a_series_round_run_again_starts_where_it_first_started(tmp_path):
+    """Round k of a weekly series resolves rlhf-policy@champion when it starts; killed after its own promotion moved
+    the alias (before its record was written), its re-run as round k started from its own policy."""
+    from tasks.cleanup import plan_garbage
+    from tasks.iteration import STARTED_ROUNDS, series_start
+
+    store = ArtifactStore(tmp_path / "artifacts")
+
+    def policy(content: bytes) -> ArtifactRef:
+        with store.staging() as out:
+            (out / "model.safetensors").write_bytes(content)
+            return store.commit(out, kind="policy", stage="ppo", stage_version="1", code_version="t", config={},
+                                config_digest="c", inputs={}, cache_key=content.decode())
+
+    champion, own = policy(b"week 2's champion"), policy(b"round 3's own policy, promoted before the kill")
+    resolved = []
+
+    def resolve(ref):
+        return lambda: (resolved.append(ref) or ref, "champion")
+
+    assert series_start(tmp_path, "weekly", 3, resolve(champion)) == (champion, "champion")
+    assert series_start(tmp_path, "weekly", 3, resolve(own)) == (champion, "champion")  # the re-run: where it began
+    assert resolved == [champion]
+    assert series_start(tmp_path, "weekly", 4, resolve(own)) == (own, "champion")  # the next week resolves anew
+    assert series_start(tmp_path, "other", 4, resolve(champion)) == (champion, "champion")  # series are apart
+    assert series_start(tmp_path, "weekly", 4, resolve(champion)) == (own, "champion")
+    # the store's cleanup keeps what a round under way started from, however old
+    import os
+    import time
+
+    old = time.time() - 9 * 86400
+    for ref in (champion, own):
+        manifest = Path(ref.path) / "manifest.json"
+        manifest.write_text(json.dumps(json.loads(manifest.read_text()) | {"created_at": old}))
+    for entry in (tmp_path / "artifacts" / "cache").glob("*.json"):
+        os.utime(entry, (old, old))
+    assert plan_garbage(tmp_path, keep_days=1).garbage == []
+    (tmp_path / STARTED_ROUNDS).write_text("{")  # a record that does not read: resolved again, not a crash
+    assert series_start(tmp_path, "weekly", 4, resolve(champion)) == (champion, "champion")
