@@ -121,6 +121,39 @@ def test_killed_stage_leaves_no_artifact(tmp_path):
     assert store.lookup("anything") is None
 
 
+@pytest.mark.parametrize("killed", ["before the rename", "after the rename, before the cache entry"])
+def test_a_stage_killed_inside_commit_leaves_nothing_a_lookup_serves_and_its_rerun_commits_the_same(tmp_path, killed):
+    """The kill lands in commit itself (the test above only kills while a stage writes into staging): either nothing
+    is in place, or the whole artifact is, without a cache entry; the re-run commits the same digest and indexes it."""
+    root = tmp_path / "store"
+    script = textwrap.dedent(f"""
+        import os, signal
+        from rlhf_core import artifacts
+        real_rename = os.rename
+        def rename_then_die(src, dst):
+            if {killed == "after the rename, before the cache entry"}:
+                real_rename(src, dst)
+            os.kill(os.getpid(), signal.SIGKILL)
+        artifacts.os.rename = rename_then_die
+        store = artifacts.ArtifactStore({str(root)!r})
+        with store.staging() as staged:
+            (staged / "table.bin").write_bytes(b"x" * 1000)
+            store.commit(staged, kind="prompts", stage="s", stage_version="1", code_version="t", config={{"a": 1}},
+                         config_digest="c", inputs={{}}, cache_key="k")
+    """)
+    assert subprocess.run([sys.executable, "-c", script]).returncode == -signal.SIGKILL
+    store = ArtifactStore(root)
+    assert store.lookup("k") is None  # nothing is served from the cache
+    placed = store.committed()
+    assert len(placed) == (1 if killed.startswith("after") else 0)
+    assert all(store.damage(ref) == [] for ref in placed)  # what is in place is whole
+    assert store.sweep_staging() == (0 if killed.startswith("after") else 1)
+    with store.staging() as staged:
+        (staged / "table.bin").write_bytes(b"x" * 1000)
+        ref = _commit(store, staged)
+    assert store.lookup("k") == ref and [r.digest for r in store.committed()] == [ref.digest]
+
+
 def test_atomic_write_text_replaces_whole_file(tmp_path):
     path = tmp_path / "f.json"
     atomic_write_text(path, "old")
