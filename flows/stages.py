@@ -99,7 +99,7 @@ def find_artifact(reference: str, name: str, store: ArtifactStore) -> ArtifactRe
 
 def _artifact_named(reference: str, name: str, store: ArtifactStore) -> ArtifactRef:
     if "/" in reference or reference.startswith("."):
-        path = resolve_allowed(reference, f"inputs.{name}", allowed_roots(store.root.parent))
+        path = resolve_allowed(reference, f"inputs.{name}", allowed_roots(store.root.parent, trust_workdir=True))
         if not (path / MANIFEST).is_file():
             raise ConfigError(f"inputs.{name}: {path} is not an artifact directory (it has no {MANIFEST})")
         try:

@@ -23,13 +23,14 @@ class PathNotAllowedError(ValueError):
     """A config path outside every allowed root, or missing; the message says how to fix it."""
 
 
-def allowed_roots(workdir: str | Path | None = None) -> list[Path]:
-    """The current directory, RLHF_ALLOWED_ROOTS, and `workdir` when it lies under one of these."""
+def allowed_roots(workdir: str | Path | None = None, trust_workdir: bool = False) -> list[Path]:
+    """The current directory, RLHF_ALLOWED_ROOTS, and `workdir` when it lies under one of these, or always with
+    `trust_workdir` (an artifact directory a stage is given: only a directory with a manifest is read)."""
     roots = [Path.cwd()] + [Path(p) for p in os.environ.get(ROOTS_ENV, "").split(os.pathsep) if p.strip()]
     roots = [r.expanduser().resolve() for r in roots]
     if workdir is not None:
         resolved = Path(workdir).expanduser().resolve()
-        if any(resolved.is_relative_to(root) for root in roots):
+        if trust_workdir or any(resolved.is_relative_to(root) for root in roots):
             roots.append(resolved)
     return roots
 
