@@ -110,9 +110,10 @@ def freeze_imported_objects() -> None:
     atexit.register(gc.freeze)
 
 
-def _run(cfg, stop_after: Optional[str] = None) -> dict:
+def _run(cfg, stop_after: Optional[str] = None, wait_for_workdir_minutes: float = 0.0) -> dict:
     with user_errors():
-        summary = prepare_round(cfg).rlhf_round(config=cfg, stop_after=stop_after)
+        summary = prepare_round(cfg).rlhf_round(config=cfg, stop_after=stop_after,
+                                                wait_for_workdir_minutes=wait_for_workdir_minutes)
     print_summary(summary)
     return summary
 
@@ -130,9 +131,12 @@ def demo(
 def round_(
     config: Path = typer.Argument(..., help="YAML config of the round"),
     set_: list[str] = typer.Option([], "--set", help="override, e.g. --set seed=1"),
+    wait_for_workdir: float = typer.Option(
+        0.0, "--wait-for-workdir", min=0, metavar="MINUTES", help="wait up to this long for another round or series "
+        "that holds the workdir (as the scheduled deployments do; for a cron job); default: fail at once"),
 ):
     """One RLHF round from a config file."""
-    _run(_load(config, set_))
+    _run(_load(config, set_), wait_for_workdir_minutes=wait_for_workdir)
 
 
 @app.command()

@@ -577,3 +577,30 @@ def test_a_maintenance_killed_under_the_lock_keeps_the_killed_rounds_note(tmp_pa
     time.sleep(0.2)
     with lock_workdir(tmp_path, note="the next round") as left:
         assert flow_runs_in(left) == {"aaa", "bbb"} and "maintenance: rlhf gc" in left
+
+
+def test_rlhf_round_waits_for_a_busy_workdir_only_when_told(tmp_path):
+    """`--wait-for-workdir MINUTES` (a cron job's round): the deployments' wait from the command line."""
+    import threading
+    from pathlib import Path
+
+    from tasks.common import lock_workdir
+
+    mini = Path(__file__).parents[1] / "configs" / "mini.yaml"
+    held, done = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with lock_workdir(tmp_path, note="prefect flow runs weekly"):
+            held.set()
+            done.wait(120)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    held.wait()
+    at_once = runner.invoke(app, ["round", str(mini), "--set", f"workdir={tmp_path}"])
+    waited = runner.invoke(app, ["round", str(mini), "--set", f"workdir={tmp_path}", "--wait-for-workdir", "0.01"])
+    done.set()
+    holder.join()
+    assert at_once.exit_code == waited.exit_code == 2
+    assert "prefect flow runs weekly" in at_once.output and "(waited" not in at_once.output
+    assert "(waited 0 min)" in " ".join(waited.output.split())
