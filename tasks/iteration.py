@@ -208,12 +208,7 @@ def series_start(workdir: str | Path, name: str, round_no: int,
                  resolve: Callable[[], tuple[ArtifactRef, str]]) -> tuple[ArtifactRef, str]:
     """The start of round `round_no` of series `name`: as it was when that round first started (still on disk),
     else `resolve()`, noted for its re-runs (atomically; the caller holds the workdir's lock)."""
-    path = Path(workdir) / STARTED_ROUNDS
-    try:
-        started = TypeAdapter(dict[str, StartedRound]).validate_json(path.read_text()) if path.is_file() else {}
-    except (OSError, ValueError):
-        _stage_logger().warning("%s does not read: the round's start is resolved again and the record rewritten", path)
-        started = {}
+    started = _started_rounds(workdir)
     pinned = started.get(name)
     if pinned is not None and pinned.round_no == round_no and Path(pinned.policy.path).is_dir():
         _stage_logger().info("round %s #%d starts where it first started: %s %s (%s)", name, round_no,
@@ -221,18 +216,25 @@ def series_start(workdir: str | Path, name: str, round_no: int,
         return pinned.policy, pinned.source
     policy, source = resolve()
     started[name] = StartedRound(round_no=round_no, policy=policy, source=source)
-    atomic_write_text(path, json.dumps({n: r.model_dump(mode="json") for n, r in started.items()}, indent=2))
+    atomic_write_text(Path(workdir) / STARTED_ROUNDS,
+                      json.dumps({n: r.model_dump(mode="json") for n, r in started.items()}, indent=2))
     return policy, source
+
+
+def _started_rounds(workdir: str | Path) -> dict[str, StartedRound]:
+    """The record of series rounds under way; one that does not read is empty (with a warning): its rounds' starts
+    are resolved again and it is written anew."""
+    path = Path(workdir) / STARTED_ROUNDS
+    try:
+        return TypeAdapter(dict[str, StartedRound]).validate_json(path.read_text()) if path.is_file() else {}
+    except (OSError, ValueError):
+        _stage_logger().warning("%s does not read: the rounds' starts are resolved again and it is rewritten", path)
+        return {}
 
 
 def started_policies(workdir: str | Path) -> list[ArtifactRef]:
     """The policies the series' rounds under way started from (for the store's cleanup: kept)."""
-    path = Path(workdir) / STARTED_ROUNDS
-    try:
-        started = TypeAdapter(dict[str, StartedRound]).validate_json(path.read_text()) if path.is_file() else {}
-    except (OSError, ValueError):
-        return []
-    return [r.policy for r in started.values()]
+    return [r.policy for r in _started_rounds(workdir).values()]
 
 
 def last_finished_round(workdir: str | Path, name: str, base: dict[str, Any] | None = None) -> FinishedRound | None:
