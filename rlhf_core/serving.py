@@ -29,6 +29,12 @@ REWARD_DEFAULTS = {"max_length": 96, "batch_size": 64}
 POLICY_DEFAULTS = {"max_new_tokens": 24, "temperature": 0.0, "top_p": 1.0, "seed": 0, "batch_size": 32}
 
 
+def settings_defaults(kind: str, model_config: dict[str, Any]) -> dict[str, Any]:
+    """A model's parameter defaults: its kind's, with those the registration wrote (`model_config`) over them."""
+    base = REWARD_DEFAULTS if kind == REWARD_MODEL else POLICY_DEFAULTS
+    return base | {k: v for k, v in model_config.items() if k in base}
+
+
 def _rows(model_input: Any, columns: tuple[str, ...]) -> pd.DataFrame:
     """The request as a table with `columns`: a DataFrame, a dict of lists, or a list of dicts (a bare list of
     strings for a one-column request)."""
@@ -73,7 +79,7 @@ class RewardScorer:
         from rlhf_core.reward.model import RewardModel
 
         self.model, self.tokenizer = RewardModel.load(path), load_tokenizer(path)
-        self.defaults = REWARD_DEFAULTS | {k: v for k, v in defaults.items() if k in REWARD_DEFAULTS}
+        self.defaults = settings_defaults(REWARD_MODEL, defaults)
 
     def predict(self, model_input: Any, params: dict[str, Any] | None = None) -> pd.DataFrame:
         from rlhf_core.reward.model import score_texts
@@ -91,7 +97,7 @@ class PolicyResponder:
         from rlhf_core.models import load_policy, load_tokenizer
 
         self.model, self.tokenizer = load_policy(path).eval(), load_tokenizer(path)
-        self.defaults = POLICY_DEFAULTS | {k: v for k, v in defaults.items() if k in POLICY_DEFAULTS}
+        self.defaults = settings_defaults(POLICY, defaults)
 
     def predict(self, model_input: Any, params: dict[str, Any] | None = None) -> pd.DataFrame:
         from rlhf_core.generation.sampler import sample_batch

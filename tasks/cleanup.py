@@ -110,11 +110,12 @@ def plan_garbage(workdir: str | Path, keep_days: float, drop_registered_models: 
     store = store_of(workdir)
     heads = [ref for last in finished_rounds(workdir).values() for ref in (last.pairs, last.policy)]
     held = registered_models(tracking_uri or default_tracking_uri(workdir)) if drop_registered_models else frozenset()
-    roots = heads + _in_store(store, started_policies(workdir)) + awaiting_annotation(store)
+    started = started_policies(workdir)  # a series' round under way started from these: its re-run starts there
+    roots = heads + _in_store(store, started) + awaiting_annotation(store)
     used_since = time.time() - keep_days * 86400
     garbage, unreadable = store.unreferenced(roots, used_since=used_since, held_elsewhere=held)
     sizes = {ref.digest: _size(Path(ref.path)) for ref in garbage}
-    pinned = {Path(ref.path).resolve() for ref in started_policies(workdir)}  # a round under way started there
+    pinned = {Path(ref.path).resolve() for ref in started}
     downloads = [path for path in stale_downloads(workdir, used_since) if path.resolve() not in pinned]
     download_bytes = sum(_size(path) for path in downloads)
     by_kind = []

@@ -93,14 +93,12 @@ def write_pyfunc_files(folder: Path, run_id: str, model_id: str, name: str, mode
     import rlhf_core
     from rlhf_core import serving
 
-    if model_config["kind"] == serving.REWARD_MODEL:
-        columns, outputs, defaults = ("prompt", "response"), "reward", serving.REWARD_DEFAULTS
-    else:
-        columns, outputs, defaults = ("prompt",), "response", serving.POLICY_DEFAULTS
-    defaults = defaults | {k: v for k, v in model_config.items() if k in defaults}
+    reward = model_config["kind"] == serving.REWARD_MODEL
+    columns, outputs = (("prompt", "response"), "reward") if reward else (("prompt",), "response")
+    defaults = serving.settings_defaults(model_config["kind"], model_config)
     signature = ModelSignature(
         inputs=Schema([ColSpec("string", c) for c in columns]),
-        outputs=Schema([ColSpec("double" if outputs == "reward" else "string", outputs)]),
+        outputs=Schema([ColSpec("double" if reward else "string", outputs)]),
         params=ParamSchema([ParamSpec(k, "long" if isinstance(v, int) else "double", v) for k, v in defaults.items()]))
     package = Path(rlhf_core.__file__).parent  # its .py files only (all it has): no file someone left beside them
     shutil.copytree(package, folder / "code" / "rlhf_core", ignore=lambda folder, names: [

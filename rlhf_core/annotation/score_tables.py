@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import csv
 import gzip
-import hashlib
 import json
 import math
 import zlib
@@ -69,6 +68,7 @@ from rlhf_core.annotation.label_studio import (
     text_field,
     to_json,
 )
+from rlhf_core.artifacts import sha256_file
 
 FORMATS = ("jsonl", "csv", "parquet")
 SUFFIXES = {".jsonl": "jsonl", ".json": "jsonl", ".ndjson": "jsonl", ".csv": "csv", ".parquet": "parquet"}
@@ -208,11 +208,7 @@ def file_annotator(path: Path) -> str:
     """The annotator of a file's rows that name none: the file, by its bytes (`file:` + 12 hex of its sha256).
     Two such files are two annotators (a vendor's file per annotator), the same file added again is a duplicate;
     before, every unnamed row was annotator "" and a second file's rows were quarantined as the first's."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return f"file:{digest.hexdigest()[:12]}"
+    return f"file:{sha256_file(path)[:12]}"
 
 
 def _number(record: dict, name: str) -> float:
