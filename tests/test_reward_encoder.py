@@ -46,6 +46,10 @@ def test_encoder_layout_keeps_cls_and_the_end_of_the_response_when_truncated(enc
     row1 = [cls] + ids("hi") + [sep] + ids("yes") + [sep]
     assert batch["input_ids"][1].tolist() == row1 + [pad] * (10 - len(row1))
     assert batch["attention_mask"][1].tolist() == [1] * len(row1) + [0] * (10 - len(row1))
+    # a query that fits keeps every token, whatever room is left over (room 8 for 6 query tokens kept 2 before)
+    for max_length in (12, 14, 16):
+        fits = encode(tok, ["the cat sat on the mat"], ["no"], max_length=max_length)["input_ids"][0].tolist()
+        assert fits[: 9 + len(ids("no"))] == [cls] + q + [sep] + ids("no") + [sep]
     # a response longer than the budget keeps its end; the query is dropped
     long = encode(tok, ["the cat"], ["one two three four five six seven eight nine ten"], max_length=8)
     assert long["input_ids"][0].tolist() == [cls, sep] + ids("one two three four five six seven eight nine ten")[-5:] + [sep]

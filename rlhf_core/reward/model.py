@@ -118,7 +118,8 @@ def _encoder_rows(tokenizer, prompts: list[str], responses: list[str], max_lengt
     ids, n_response = [], []
     for q, a in zip(queries, answers):
         a = a[-(max_length - 3):] if max_length > 3 else []  # room for [CLS] and two [SEP]
-        q = q[len(q) - max(0, max_length - 3 - len(a)):]
+        room = max(0, max_length - 3 - len(a))
+        q = q[max(0, len(q) - room):]  # its last `room` tokens (all of it when it fits)
         ids.append([cls] + q + [sep] + a + [sep])
         n_response.append(len(a) + 1)
     return ids, n_response
