@@ -97,6 +97,10 @@ def test_contrastive_training_runs_and_reports_its_loss(init_dir):
     cfg = CFG.model_copy(update={"contrastive": ContrastiveConfig(coef=0.1, positives="responses")})
     _, _, metrics = train_reward_model(init_dir, make_pairs(16), cfg, seed=0)
     assert metrics["contrastive_loss"] > 0 and math.isfinite(metrics["contrastive_loss"])
+    # this backbone's only dropout is attention dropout: at 0 the two views are the same sample (trained before)
+    no_views = CFG.model_copy(update={"contrastive": ContrastiveConfig(coef=0.1, dropout=0.0)})
+    with pytest.raises(ValueError, match="contrastive.dropout above 0"):
+        train_reward_model(init_dir, make_pairs(16), no_views, seed=0)
 
 
 def _samples(n_prompts: int = 3, k: int = 4) -> pd.DataFrame:

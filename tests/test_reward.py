@@ -329,6 +329,30 @@ def test_out_of_fold_votes_come_only_from_voters_that_did_not_train_on_the_pair(
         vote(init_dir, pairs, VotingConfig(n_models=2, scheme="out_of_fold", folds=3), seed=0)
 
 
+def test_a_diverged_voter_is_an_error_not_a_missing_vote_and_no_pairs_is_an_error(init_dir, monkeypatch, tmp_path):
+    from rlhf_core.reward import voting
+
+    real_diffs = voting.pair_reward_diffs
+    calls = []
+
+    def second_voter_diverges(*args, **kwargs):
+        calls.append(1)
+        out = real_diffs(*args, **kwargs)
+        return np.full_like(out, np.nan) if len(calls) == 2 else out
+
+    monkeypatch.setattr(voting, "pair_reward_diffs", second_voter_diverges)
+    pairs = make_pairs(24, seed=6)
+    cfg = VotingConfig(n_models=3, train=RewardTrainConfig(read="end_token", epochs=1, batch_size=8, lr=3e-3,
+                                                           max_length=64))
+    with pytest.raises(FloatingPointError, match="voter 1 gave 24 non-finite .* lower voting.train.lr"):
+        vote(init_dir, pairs, cfg, seed=0, voter_dir=tmp_path / "voters")  # NaN was read as "did not vote" before
+    assert voting.voter_path(tmp_path / "voters", 0).exists()  # voter 0 is kept for the resume ...
+    assert not voting.voter_path(tmp_path / "voters", 1).exists()  # ... the diverged one is not
+    for mode in ("faithful", "fast"):  # fast mode divided by zero before
+        with pytest.raises(ValueError, match="no pairs to vote on"):
+            vote(init_dir, pairs.iloc[:0], VotingConfig(n_models=2, mode=mode), seed=0)
+
+
 def test_fast_mode_votes_with_heads_over_one_trunk(init_dir):
     pairs = make_pairs(80, seed=5)
     swapped = np.zeros(len(pairs), dtype=bool)

@@ -75,6 +75,19 @@ def test_encoder_reward_is_what_plain_transformers_computes(encoder_dir, tmp_pat
     torch.testing.assert_close(torch.tensor(served["reward"].to_numpy(), dtype=torch.float32), rewards)
 
 
+def test_an_encoder_without_a_pooler_is_refused(tmp_path):
+    """DistilBERT's `classifier` sits on a pre_classifier over [CLS]: read as a decoder at the last [SEP], its
+    reward differed from what the saved model computes ([1.87, -1.66] against [-0.11, -0.11])."""
+    from transformers import DistilBertConfig, DistilBertModel
+
+    tokenizer = AutoTokenizer.from_pretrained(minilm.get_model_path())
+    DistilBertModel(DistilBertConfig(vocab_size=tokenizer.vocab_size, dim=32, n_layers=2, n_heads=2, hidden_dim=64,
+                                     max_position_embeddings=64)).save_pretrained(str(tmp_path))
+    tokenizer.save_pretrained(str(tmp_path))
+    with pytest.raises(ValueError, match="no pooler over \\[CLS\\]"):
+        RewardModel.from_policy(tmp_path, seed=0)
+
+
 def test_encoder_refuses_the_logprob_read(encoder_dir):
     with pytest.raises(ValueError, match="encoder: use read 'end_token'"):
         RewardModel.from_policy(encoder_dir, read="end_token+logprob")

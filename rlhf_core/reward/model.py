@@ -147,6 +147,12 @@ class RewardModel(nn.Module):
         if read not in READS:
             raise ValueError(f"unknown reward read {read!r}; known: {READS}")
         self.classifier = classifier
+        self.head()  # a linear `score` (decoders) or `classifier` (BERT family) head, else a clear error
+        if getattr(classifier, "score", None) is None and not self.is_encoder():
+            # e.g. DistilBERT: `classifier` sits on its own pre_classifier over [CLS]; read as a decoder, the reward
+            # would come from the last [SEP] and differ from what the saved model computes
+            raise ValueError(f"{type(classifier).__name__} has a `classifier` head but no pooler over [CLS]: a reward "
+                             "backbone must be a decoder (Qwen2, Llama, ...) or a BERT-family encoder with a pooler")
         if read != "end_token":
             self.require_tied_lm_head(f"reward read {read!r}", "use read 'end_token'")
         self.read = read

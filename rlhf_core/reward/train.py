@@ -422,9 +422,13 @@ def train_reward_model(
         model.require_tied_lm_head("the LM imitation loss (reward.train.lm_coef)", "set reward.train.lm_coef 0")
     if cfg.contrastive.coef:
         dropout_modules = [m for m in model.modules() if isinstance(m, torch.nn.Dropout) and m.p > 0]
-        if not model.set_attention_dropout(cfg.contrastive.dropout) and not dropout_modules:
+        attention_layers = model.set_attention_dropout(cfg.contrastive.dropout)
+        if not dropout_modules and not attention_layers:
             raise ValueError("the contrastive loss needs dropout to make two views, and this backbone has no "
                              "attention dropout to set nor dropout layers: set reward.train.contrastive.coef 0")
+        if not dropout_modules and cfg.contrastive.dropout == 0:  # two identical views: nothing to align
+            raise ValueError("the contrastive loss needs dropout to make two views, and this backbone's only dropout "
+                             "is attention dropout: set reward.train.contrastive.dropout above 0 (SimCSE: 0.1)")
     groups = None
     if cfg.meta.enabled:
         if meta_samples is None:

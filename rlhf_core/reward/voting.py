@@ -146,6 +146,8 @@ def run_voters(init_dir: str | Path, pairs: pd.DataFrame, cfg: VotingConfig, see
                                                        device=device)
         column = np.full(len(pairs), np.nan)  # (N,)
         column[held_out] = pair_reward_diffs(model, tokenizer, pairs[held_out], cfg.train.max_length)
+        # NaN stands for "did not vote": a diverged voter's must not pass for it (nor be kept for a resume)
+        check_finite_votes(column[held_out], f"voter {k}")
         path = voter_path(voter_dir, k)
         # the .json first: a voter counts as done once its .npy exists
         atomic_write_text(path.with_suffix(".json"), json.dumps({"train_accuracy": metrics["accuracy"]}))
@@ -192,6 +194,8 @@ def vote(
     """
     if pairs["pair_id"].duplicated().any():
         raise ValueError("pair_id must be unique in the pairs to vote on")
+    if len(pairs) == 0:
+        raise ValueError("no pairs to vote on: the comparisons table is empty")
     t0 = time.perf_counter()
     if cfg.mode == "fast":
         if cfg.scheme != "in_sample":
@@ -342,4 +346,14 @@ def shared_trunk_diffs(init_dir, pairs: pd.DataFrame, cfg: VotingConfig, seed: i
             rows = np.arange(start, min(start + 64, len(pairs)))
             rewards = voters(training_batch(encoded, rows, tcfg, device))
             diffs.append((rewards[: len(rows)] - rewards[len(rows):]).double().cpu().numpy())
-    return np.concatenate(diffs), (correct / len(pairs)).tolist()
+    diffs = np.concatenate(diffs)
+    check_finite_votes(diffs, "the shared-trunk voters")
+    return diffs, (correct / len(pairs)).tolist()
+
+
+def check_finite_votes(diffs: np.ndarray, who: str) -> None:
+    """Raise, saying what to change, when a voter's reward differences are not all finite (it diverged)."""
+    bad = int((~np.isfinite(diffs)).sum())
+    if bad:
+        raise FloatingPointError(f"{who} gave {bad} non-finite reward differences of {diffs.size}: its training "
+                                 "diverged; lower voting.train.lr (or head_lr) or voting.train.max_grad_norm")
