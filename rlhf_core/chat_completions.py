@@ -6,8 +6,8 @@ its own prompting, parsing and caching.
 - The API key goes out as `Authorization: Bearer <key>` (no header when there is none), over https or to this
   machine only (plain http to another host is refused). It is kept private, never in repr, and scrubbed ("***")
   from every error message and reply text, in case a server echoes it.
-- Retries on I/O only: HTTP 429, 5xx, connection errors and timeouts, with exponential backoff
-  (backoff_s, 2 × backoff_s, ...); a Retry-After header in seconds replaces the backoff, capped at
+- Retries on I/O only: HTTP 429, 5xx, connection errors and timeouts, and a 200 answer without reply text (a
+  proxy's error page, a cut-off body), with exponential backoff (backoff_s, 2 × backoff_s, ...); a Retry-After header in seconds replaces the backoff, capped at
   MAX_RETRY_AFTER_S. Other 4xx fail at once: a wrong model name or key will not get better by asking again.
 - Error messages quote the server's own message (error.message of an OpenAI-style body).
 - Each 200 reply's `usage` gives its prompt and completion token counts.
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import ipaddress
 import logging
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -86,10 +87,16 @@ def checked_key(api_key: str | None) -> str | None:
     in its error with the bytes escaped, where `scrub` cannot find the key."""
     if api_key is None:
         return None
+    if not isinstance(api_key, str):
+        raise ValueError(f"the API key is a {type(api_key).__name__}, not text (a Secret block holding a JSON "
+                         "object?): store the key itself (its value is not shown)")
     key = api_key.strip()
-    if not key or any(ord(c) < 32 or ord(c) == 127 for c in key):
-        raise ValueError("the API key is empty or holds a control character (a line break pasted inside it?): "
-                         "fix the environment variable or Secret block that holds it (its value is not shown)")
+    # printable ASCII only: a byte-order mark or a zero-width space failed inside httpx with an error that
+    # holds the whole header, key included, and Prefect logs a failed task's exception as it is
+    if not key or not (key.isascii() and key.isprintable()):
+        raise ValueError("the API key is empty or holds a character an HTTP header cannot carry (a line break, a "
+                         "byte-order mark or an invisible space pasted with it?): fix the environment variable or "
+                         "Secret block that holds it (its value is not shown)")
     return key
 
 
@@ -110,9 +117,10 @@ def encrypted_or_local(url: str) -> bool:
 def retry_after_s(response: httpx.Response) -> float | None:
     """Retry-After in seconds (the HTTP-date form is ignored), clamped to [0, MAX_RETRY_AFTER_S]."""
     try:
-        return min(max(float(response.headers["retry-after"]), 0.0), MAX_RETRY_AFTER_S)
+        seconds = float(response.headers["retry-after"])
     except (KeyError, ValueError):
         return None
+    return min(max(seconds, 0.0), MAX_RETRY_AFTER_S) if math.isfinite(seconds) else None  # "nan" parses
 
 
 def _no_count(**amounts: int) -> None:
@@ -156,7 +164,8 @@ class ChatCompletionsClient:
 
     def complete(self, messages: list[dict[str, str]], *, temperature: float = 0,
                  max_tokens: int | None = None) -> ChatReply:
-        """One completion of `messages`; raises ChatCompletionsError or MalformedCompletion."""
+        """One completion of `messages`; raises ChatCompletionsError, or MalformedCompletion when the last attempt's
+        200 answer held no reply text (a proxy's error page or a cut-off body: retried like a 5xx)."""
         payload = {"model": self.model, "messages": messages, "temperature": temperature}
         if max_tokens is not None:
             payload["max_tokens"] = max_tokens
@@ -164,22 +173,32 @@ class ChatCompletionsClient:
         for attempt in range(self.max_retries + 1):
             self._count(requests=1, retries=int(attempt > 0))
             wait = self.backoff_s * 2**attempt
+            malformed = None
             try:
                 response = self._client.post(self.url, json=payload, headers=headers)
             except httpx.TransportError as e:  # connection errors and timeouts
                 failure = f"{type(e).__name__}: {e}"
+            except Exception as e:  # anything else may hold the request, key included: named, never shown
+                raise ChatCompletionsError(f"{self.url}: {type(e).__name__} while sending the request (not "
+                                           "retried; its message is not shown, as it may hold the API key)") from None
             else:
                 if response.status_code == 200:
-                    return self._reply(response)
-                failure = f"HTTP {response.status_code}: {server_message(response, self._api_key)}"
-                if response.status_code != 429 and response.status_code < 500:
-                    raise ChatCompletionsError(scrub(f"{self.url}: {failure} (not retried)", self._api_key))
-                retry_after = retry_after_s(response)
-                wait = wait if retry_after is None else retry_after
+                    try:
+                        return self._reply(response)
+                    except MalformedCompletion as e:  # retried: the next answer may be whole
+                        malformed, failure = e, str(e)
+                else:
+                    failure = f"HTTP {response.status_code}: {server_message(response, self._api_key)}"
+                    if response.status_code != 429 and response.status_code < 500:
+                        raise ChatCompletionsError(scrub(f"{self.url}: {failure} (not retried)", self._api_key))
+                    retry_after = retry_after_s(response)
+                    wait = wait if retry_after is None else retry_after
             if attempt < self.max_retries:  # said, so a dead server is not minutes of silence
                 log.warning("%s: %s; retry %d of %d in %.1f s", self.url, scrub(failure, self._api_key), attempt + 1,
                             self.max_retries, wait)
                 time.sleep(wait)
+        if malformed is not None:
+            raise malformed
         raise ChatCompletionsError(
             scrub(f"{self.url}: gave up after {self.max_retries + 1} attempts: {failure}", self._api_key))
 

@@ -39,6 +39,9 @@ def test_ratings_parse_strictly_then_by_fallbacks_and_record_failures():
     assert (parse_rating("Rating: [6]").rating, parse_rating("Rating: [6]").status) == (6.0, "fallback")
     assert (parse_rating("Rating: 8").rating, parse_rating("I give it 4/10").rating) == (8.0, 4.0)
     assert parse_rating("[[A]]").status == "unparsed"  # a pairwise verdict is no rating
+    # a rating line outranks a bracketed citation before it ([2] was read before), and the last line counts
+    assert parse_rating("Reference [2] in the answer is outdated, otherwise solid. Rating: 8").rating == 8.0
+    assert parse_rating("Score: 4 at first; on reflection, rating: 6").rating == 6.0
 
 
 def test_the_grading_prompt_is_mt_benchs_single_v1_and_other_criteria_change_one_sentence():

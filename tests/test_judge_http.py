@@ -73,13 +73,43 @@ def test_5xx_until_the_retries_run_out_is_an_error(server):
         make_judge(server).compare(P, GOOD, BAD)
 
 
-def test_malformed_replies_are_ties_with_a_recorded_parse_status(server):
-    server.script = [("body", {"choices": []}), ("reply", "Both answers have merit.")]
-    row = judge_pairs(make_judge(server), [(P, GOOD, BAD)])[0]
+def test_malformed_replies_are_retried_then_uncached_ties_with_a_recorded_parse_status(server, tmp_path):
+    server.script = [("body", {"choices": []})] * 3 + [("reply", "Both answers have merit.")]
+    judge = make_judge(server, cache=JudgementCache(tmp_path / "judgements.sqlite"))
+    row = judge_pairs(judge, [(P, GOOD, BAD)])[0]
     assert (row["verdict_ab"], row["verdict_ba"], row["verdict"]) == ("tie", "tie", "tie")
     assert (row["parse_status_ab"], row["parse_status_ba"]) == ("unparsed", "unparsed")
     assert row["parse_reason_ab"].startswith("malformed response body")
     assert row["parse_reason_ba"] == "no verdict found in the reply: 'Both answers have merit.'"
+    assert len(server.requests) == 4 and judge.usage["retries"] == 2  # the body without a reply was asked again
+    # a re-run asks again where no reply came (an outage's tie was cached for good before), not where one came
+    again = make_judge(server, cache=JudgementCache(tmp_path / "judgements.sqlite"))
+    row = judge_pairs(again, [(P, GOOD, BAD)])[0]
+    assert (row["verdict_ab"], row["parse_status_ab"], row["parse_status_ba"]) == ("win", "ok", "unparsed")
+    assert len(server.requests) == 5 and again.usage["cache_hits"] == 1
+
+
+def test_a_retry_after_that_is_not_a_number_falls_back_to_the_backoff(server):
+    server.script = [("status", 503, {"Retry-After": "nan"})]  # time.sleep(nan) raised a bare ValueError before
+    judge = make_judge(server, backoff_s=0.0)
+    assert judge.compare(P, GOOD, BAD)[0] == "first" and judge.usage["retries"] == 1
+
+
+def test_a_key_an_http_header_cannot_carry_is_refused_unsent_and_unshown(server):
+    # a byte-order mark (a key file saved by Notepad) or a zero-width space failed inside httpx before, with the
+    # whole "Bearer <key>" header in the exception that Prefect logs for a failed task
+    for bad in ("\ufeffsk-test-abc", "sk-test\u200babc", {"key": "sk-test-abc"}):
+        with pytest.raises(ValueError, match="API key") as err:
+            make_judge(server, api_key=bad)
+        assert "sk-test" not in str(err.value) and "sk-test" not in repr(err.value)
+    assert server.requests == []
+
+
+def test_the_same_pair_asked_by_concurrent_threads_is_paid_for_once(server, tmp_path):
+    judge = make_judge(server, cache=JudgementCache(tmp_path / "judgements.sqlite"))
+    rows = judge_pairs(judge, [(P, GOOD, BAD)] * 4, concurrency=4)  # 8 requests for 2 distinct keys before
+    assert [r["verdict"] for r in rows] == ["win"] * 4
+    assert len(server.requests) == 2 and judge.usage["cache_hits"] == 6
 
 
 def test_a_timeout_is_retried_and_without_retries_is_an_error(server):
@@ -109,7 +139,15 @@ def test_the_cache_makes_a_second_run_send_no_request(server, tmp_path):
     cut_short = make_judge(server, max_tokens=16, cache=JudgementCache(tmp_path / "judgements.sqlite"))
     judge_pairs(cut_short, PAIRS[:1])
     assert len(server.requests) == 10  # a reply limit other than the default is part of the key
-    assert make_judge(server, max_tokens=1024).key_model() == "gpt-4"  # the default adds nothing: old keys hold
+    default_limits = make_judge(server, max_tokens=1024)
+    assert default_limits.key_model() == f"gpt-4@{default_limits.url}"  # the default limits add nothing
+
+    with JudgeServer() as other:  # another server under the same model name: judged afresh, not from the cache
+        elsewhere = make_judge(other, cache=JudgementCache(tmp_path / "judgements.sqlite"))
+        judge_pairs(elsewhere, PAIRS[:1])
+        assert len(other.requests) == 2 and elsewhere.usage["cache_hits"] == 0
+    openai = HTTPJudge("https://api.openai.com/v1", "gpt-4", criteria_text("helpfulness"), "pairwise-v1")
+    assert openai.key_model() == "gpt-4"  # OpenAI's own endpoint adds nothing: its caches written before hold
 
 
 def test_a_judge_that_always_prefers_the_first_answer_yields_only_ties(server):
@@ -131,3 +169,9 @@ def test_verdict_parsing_strict_then_fallbacks():
         assert (parse_verdict(tie).outcome, parse_verdict(tie).status) == ("tie", "fallback"), tie
     assert parse_verdict("Verdict: A is better").outcome == "first"
     assert parse_verdict("").reason == "no verdict found in the reply: '<empty reply>'"
+    # a verdict line outranks a bracket quoted in the explanation, and the last line counts (each read wrong before)
+    assert parse_verdict("Assistant B cites source [B] wrongly, while A is correct. Final verdict: A").outcome == "first"
+    assert parse_verdict("Initial verdict: A. On reflection, my final verdict is a tie.").outcome == "tie"
+    both = parse_verdict("My verdict: A and B are equally good.")  # names no winner
+    assert (both.outcome, both.status) == ("tie", "unparsed")
+    assert parse_verdict("Verdict: Assistant A or Assistant B, hard to say").status == "unparsed"

@@ -2,7 +2,7 @@
 
 - Temperature 0; the MT-Bench pairwise prompt (`prompt.py`); the verdict parsed strictly, with fallbacks.
 - Requests through `rlhf_core.chat_completions`: retries with exponential backoff on HTTP 429, 5xx,
-  connection errors and timeouts, a Retry-After header (seconds) honoured, capped; other 4xx fail at
+  connection errors, timeouts and 200 answers without reply text (never cached: a re-run asks again), a Retry-After header (seconds) honoured, capped; other 4xx fail at
   once: a wrong model name or key will not get better by asking again.
 - The API key is given at construction (the tasks layer reads it from an environment variable or a
   Prefect Secret block); it is kept private, never in repr, a cache entry or an error message.
@@ -16,6 +16,7 @@ from rlhf_core.config import HTTPJudgeConfig
 from rlhf_core.judge.cache import JudgementCache
 from rlhf_core.judge.llm import LLMJudge, MalformedReply, limits_key
 
+OPENAI_CHAT_URL = "https://api.openai.com/v1/chat/completions"
 HTTP_REPLY_DEFAULTS = {"max_tokens": HTTPJudgeConfig.model_fields["max_tokens"].default}
 
 
@@ -38,6 +39,12 @@ class HTTPJudge(LLMJudge):
         self.max_tokens = max_tokens
         self.reply_limits = limits_key({"max_tokens": max_tokens}, HTTP_REPLY_DEFAULTS)
         self.prices = (price_input_per_1k, price_output_per_1k)
+
+    def key_model(self) -> str:
+        """The cache's model with the endpoint: two servers answering to one model name (llama.cpp ignores it)
+        judge differently. OpenAI's own endpoint adds nothing, so its caches written before still serve."""
+        model = super().key_model()
+        return model if self.url == OPENAI_CHAT_URL else f"{model}@{self.url}"
 
     def __repr__(self) -> str:
         return f"HTTPJudge(url={self.url!r}, model={self.model!r}, template={self.template_version!r})"

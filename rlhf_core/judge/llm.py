@@ -44,6 +44,7 @@ class LLMJudge:
         self.grading_template_version = grading_template_version
         self.usage: Counter[str] = Counter()
         self._usage_lock = threading.Lock()
+        self._key_locks: dict[str, threading.Lock] = {}  # one per cache key: a pair in flight is asked once
         self.reply_limits = ""  # a subclass's limits that differ from its defaults (`limits_key`): cached apart
 
     def key_model(self) -> str:
@@ -63,15 +64,17 @@ class LLMJudge:
         """The cached judgement of (prompt, first, second) in this order, else a fresh one (then cached)."""
         key = judgement_key(self.kind, self.key_model(), self.template_version, self.criteria, prompt, first,
                             second)
-        cached = self.cache.get(key) if self.cache is not None else None
-        if cached is not None:
-            self.count(cache_hits=1)
-            return cached
-        judgement = self._ask(judging_messages(prompt, first, second, self.criteria, self.template_version),
-                              _judgement_from_reply, lambda why: Judgement("tie", "", "unparsed", why))
-        if self.cache is not None:
-            self.cache.put(key, judgement)
-        return judgement
+        with self._key_lock(key):  # a second thread with the same pair waits, then finds it cached
+            cached = self.cache.get(key) if self.cache is not None else None
+            if cached is not None:
+                self.count(cache_hits=1)
+                return cached
+            judgement, whole = self._ask(judging_messages(prompt, first, second, self.criteria,
+                                                          self.template_version),
+                                         _judgement_from_reply, lambda why: Judgement("tie", "", "unparsed", why))
+            if self.cache is not None and whole:
+                self.cache.put(key, judgement)
+            return judgement
 
     def grade(self, prompt: str, answer: str) -> Grade:
         """The cached 1-10 grade of `answer` alone, else a fresh one (then cached); NaN when unparsed."""
@@ -79,25 +82,33 @@ class LLMJudge:
             raise ValueError(f"{type(self).__name__} was built without grading_criteria: it cannot grade")
         key = grade_key(self.kind, self.key_model(), self.grading_template_version, self.grading_criteria, prompt,
                         answer)
-        cached = self.cache.get_grade(key) if self.cache is not None else None
-        if cached is not None:
-            self.count(cache_hits=1)
-            return cached
-        grade = self._ask(grading_messages(prompt, answer, self.grading_criteria, self.grading_template_version),
-                          _grade_from_reply, lambda why: Grade(float("nan"), "", "unparsed", why))
-        if self.cache is not None:
-            self.cache.put_grade(key, grade)
-        return grade
+        with self._key_lock(key):
+            cached = self.cache.get_grade(key) if self.cache is not None else None
+            if cached is not None:
+                self.count(cache_hits=1)
+                return cached
+            grade, whole = self._ask(grading_messages(prompt, answer, self.grading_criteria,
+                                                      self.grading_template_version),
+                                     _grade_from_reply, lambda why: Grade(float("nan"), "", "unparsed", why))
+            if self.cache is not None and whole:
+                self.cache.put_grade(key, grade)
+            return grade
+
+    def _key_lock(self, key: str) -> threading.Lock:
+        with self._usage_lock:
+            return self._key_locks.setdefault(key, threading.Lock())
 
     def _ask(self, messages: list[dict[str, str]], from_reply: Callable[[str], T],
-             from_malformed: Callable[[str], T]) -> T:
-        """A fresh reply to `messages`, parsed (a malformed one: `from_malformed(reason)`), counted by status."""
+             from_malformed: Callable[[str], T]) -> tuple[T, bool]:
+        """A fresh reply to `messages`, parsed, counted by status, and whether a reply came whole. A malformed one
+        (no reply text, after the backend's retries) gives `from_malformed(reason)`, which is not to be cached: a
+        re-run asks again rather than keep an outage's tie for good."""
         try:
-            result = from_reply(self._complete(messages))
+            result, whole = from_reply(self._complete(messages)), True
         except MalformedReply as e:
-            result = from_malformed(str(e))
+            result, whole = from_malformed(str(e)), False
         self.count(replies=1, **({result.parse_status: 1} if result.parse_status != "ok" else {}))
-        return result
+        return result, whole
 
     def close(self) -> None:
         if self.cache is not None:

@@ -72,30 +72,43 @@ class ParsedVerdict:
 
 _OUTCOME = {"A": "first", "B": "second", "C": "tie"}
 _STRICT = re.compile(r"\[\[\s*([ABC])\s*\]\]", re.IGNORECASE)
-_FALLBACKS = (  # (pattern, what it is): looser forms judges write when they drift from the format
-    (re.compile(r"(?<!\[)\[\s*([ABC])\s*\](?!\])"), "single-bracket verdict [X]"),
-    # the letter itself is upper case only, so "my verdict is a tie" does not read as assistant A, and it is not
-    # the article of "A tie" / "A draw"
-    (re.compile(r"(?i:verdict)\s*(?:is)?\s*[:\-]?\s*\**\s*(?i:assistant\s+)?([ABC])\b(?!\s*(?i:tie|draw)\b)"),
-     "'verdict: X' line"),
-    (re.compile(r"(?i:verdict)\s*(?:is)?\s*[:\-]?\s*\**\s*(?i:an?\s+)?(?i:(tie|draw))\b"), "'verdict: tie' line"),
+# Looser forms judges write when they drift from the format, in tiers of (pattern, what it is): the last match of
+# the first tier that has one is read, so a "[B]" quoted in the explanation does not outvote a "Final verdict: A"
+_FALLBACKS = (
+    (  # the letter itself is upper case only, so "my verdict is a tie" does not read as assistant A, and it is not
+       # the article of "A tie" / "A draw"; "verdict: A and B ..." names no winner
+        (re.compile(r"(?i:verdict)\s*(?:is)?\s*[:\-]?\s*\**\s*(?i:assistant\s+)?([ABC])\b(?!\s*(?i:tie|draw)\b)"
+                    r"(?!\s*(?i:and|or|&|/)\s*(?i:assistant\s+)?[ABC]\b)"), "'verdict: X' line"),
+        (re.compile(r"(?i:verdict)\s*(?:is)?\s*[:\-]?\s*\**\s*(?i:an?\s+)?(?i:(tie|draw))\b"), "'verdict: tie' line"),
+    ),
+    ((re.compile(r"(?<!\[)\[\s*([ABC])\s*\](?!\])"), "single-bracket verdict [X]"),),
 )
 
 
+def last_fallback(reply: str, tiers) -> tuple[str, str] | None:
+    """(the matched group, the form's name) of the match that comes last in `reply` within the first tier that
+    has one; None when no form matches."""
+    for tier in tiers:
+        found = [(m.start(), m.group(1), form) for pattern, form in tier for m in pattern.finditer(reply)]
+        if found:
+            _, value, form = max(found)
+            return value, form
+    return None
+
+
 def parse_verdict(reply: str) -> ParsedVerdict:
-    """Strict: every "[[X]]" in the reply names the same X. Fallbacks: "[X]", "verdict: X" (the last one
-    found). Anything else, or conflicting strict tags, is unparsed and counted a tie, with the reason."""
+    """Strict: every "[[X]]" in the reply names the same X. Fallbacks: the last "verdict: X" line, else the last
+    "[X]". Anything else ("verdict: A and B", conflicting strict tags) is unparsed and counted a tie, with the
+    reason."""
     strict = {m.upper() for m in _STRICT.findall(reply)}
     if len(strict) == 1:
         return ParsedVerdict(_OUTCOME[strict.pop()], "ok")
     if len(strict) > 1:
         tags = ", ".join(f"[[{t}]]" for t in sorted(strict))
         return ParsedVerdict("tie", "unparsed", f"conflicting verdicts {tags}")
-    for pattern, form in _FALLBACKS:
-        found = pattern.findall(reply)
-        if found:
-            return ParsedVerdict(_OUTCOME.get(found[-1].upper(), "tie"), "fallback",
-                                 f"no [[X]] verdict; read the {form}")
+    if (found := last_fallback(reply, _FALLBACKS)) is not None:
+        value, form = found
+        return ParsedVerdict(_OUTCOME.get(value.upper(), "tie"), "fallback", f"no [[X]] verdict; read the {form}")
     shown = reply.strip()[:80] or "<empty reply>"
     return ParsedVerdict("tie", "unparsed", f"no verdict found in the reply: {shown!r}")
 
@@ -154,10 +167,10 @@ class ParsedRating:
 
 _NUMBER = r"(\d+(?:\.\d+)?)"
 _STRICT_RATING = re.compile(r"\[\[\s*" + _NUMBER + r"\s*\]\]")  # FastChat's one_score_pattern
-_RATING_FALLBACKS = (  # (pattern, what it is): looser forms judges write when they drift from the format
-    (re.compile(r"(?<!\[)\[\s*" + _NUMBER + r"\s*\](?!\])"), "single-bracket rating [N]"),  # FastChat's backup
-    (re.compile(r"(?i:rating|score)\s*(?:is)?\s*[:\-]?\s*\**\s*" + _NUMBER + r"(?!\.?\d)"), "'rating: N' line"),
-    (re.compile(_NUMBER + r"\s*/\s*10\b"), "'N/10'"),
+_RATING_FALLBACKS = (  # tiers as the verdict's: a "[2]" citing a source does not outvote a later "Rating: 8"
+    ((re.compile(r"(?i:rating|score)\s*(?:is)?\s*[:\-]?\s*\**\s*" + _NUMBER + r"(?!\.?\d)"), "'rating: N' line"),
+     (re.compile(_NUMBER + r"\s*/\s*10\b"), "'N/10'")),
+    ((re.compile(r"(?<!\[)\[\s*" + _NUMBER + r"\s*\](?!\])"), "single-bracket rating [N]"),),  # FastChat's backup
 )
 
 
@@ -169,17 +182,16 @@ def _in_range(value: str, status: str, reason: str) -> ParsedRating:
 
 
 def parse_rating(reply: str) -> ParsedRating:
-    """Strict: every "[[N]]" in the reply names the same N in 1-10. Fallbacks: "[N]", "Rating: N", "N/10"
-    (the last one found). Anything else, conflicting or out-of-range ratings, is unparsed (NaN) with the reason."""
+    """Strict: every "[[N]]" in the reply names the same N in 1-10. Fallbacks: the last "Rating: N" or "N/10",
+    else the last "[N]". Anything else, conflicting or out-of-range ratings, is unparsed (NaN) with the reason."""
     strict = {float(v): v for v in _STRICT_RATING.findall(reply)}
     if len(strict) == 1:
         return _in_range(strict.popitem()[1], "ok", "")
     if len(strict) > 1:
         tags = ", ".join(f"[[{v}]]" for _, v in sorted(strict.items()))
         return ParsedRating(float("nan"), "unparsed", f"conflicting ratings {tags}")
-    for pattern, form in _RATING_FALLBACKS:
-        found = pattern.findall(reply)
-        if found:
-            return _in_range(found[-1], "fallback", f"no [[N]] rating; read the {form}")
+    if (found := last_fallback(reply, _RATING_FALLBACKS)) is not None:
+        value, form = found
+        return _in_range(value, "fallback", f"no [[N]] rating; read the {form}")
     shown = reply.strip()[:80] or "<empty reply>"
     return ParsedRating(float("nan"), "unparsed", f"no rating found in the reply: {shown!r}")
