@@ -25,7 +25,8 @@ from test_reward_workers import max_weight_diff, worker_env  # noqa: F401 - work
 # holds none of some: it steps on a stand-in row weighted 0), ptx batches of 3 split 2 / 1, critic warm-up
 # 2 steps, a checkpoint every iteration: 12 critic and 10 policy steps.
 CFG = PPOConfig(iterations=2, rollout_prompts=5, max_new_tokens=6, mini_batch_size=4, critic_warmup_steps=2,
-                policy_lr=1e-2, critic_lr=1e-3, ptx_coef=0.5, ptx_batch_size=3, checkpoint_every=1)
+                policy_lr=1e-2, critic_lr=1e-3, ptx_coef=0.5, ptx_batch_size=3, checkpoint_every=1,
+                lr_schedule="cosine")  # a schedule a resume must restore (a constant one hid a lost schedule)
 ZERO2 = CFG.model_copy(update={"num_processes": 2, "deepspeed": "zero2"})
 
 

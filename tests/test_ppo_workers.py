@@ -25,7 +25,8 @@ from test_reward_workers import max_weight_diff, worker_env  # noqa: F401 - work
 # 5 prompts x 2 responses = 10 rows per rollout, ranks of 3 and 2 prompts; minibatches of 4, 4 and 2 rows, so
 # a rank's share of a minibatch varies (some none); ptx batches of 3 split 2 / 1. Critic warm-up 2 steps.
 CFG = PPOConfig(iterations=3, rollout_prompts=5, max_new_tokens=6, mini_batch_size=4, critic_warmup_steps=2,
-                policy_lr=1e-2, critic_lr=1e-3, ptx_coef=0.5, ptx_batch_size=3, checkpoint_every=1)
+                policy_lr=1e-2, critic_lr=1e-3, ptx_coef=0.5, ptx_batch_size=3, checkpoint_every=1,
+                lr_schedule="cosine")  # a schedule a resume must restore (a constant one hid a lost schedule)
 TWO_RANKS = CFG.model_copy(update={"num_processes": 2})
 PROMPTS = make_prompt_pool(12, seed=1)["prompt"].tolist()
 PTX = [(p, ideal_response(p)) for p in PROMPTS]

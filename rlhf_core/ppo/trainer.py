@@ -269,10 +269,12 @@ def update(policy: Learner, critic: Learner, exp: Experience, cfg: PPOConfig, fi
             if not len(mine):  # a stand-in row weighted 0, so every rank runs the same forwards and backwards
                 mine = idx[:1]  # (DeepSpeed's engine reduces gradients in the order the backward makes them)
             mb = exp.minibatch(mine)
-            step_metrics = critic_step(critic, mb, share, cfg, ranks)
+            critic_lr = critic.lr  # the rate this step uses (the step moves the schedule on)
+            step_metrics = critic_step(critic, mb, share, cfg, ranks) | {"lr/critic": critic_lr}
             if step >= cfg.critic_warmup_steps:
                 ptx_batch = next(ptx_batches) if ptx_batches is not None else None
-                step_metrics |= policy_step(policy, mb, share, cfg, ptx_batch, ranks)
+                policy_lr = policy.lr
+                step_metrics |= policy_step(policy, mb, share, cfg, ptx_batch, ranks) | {"lr/policy": policy_lr}
             step += 1
             for k, v in step_metrics.items():
                 stats[k].append(v)
@@ -300,6 +302,9 @@ def iteration_metrics(exp: Experience, update_stats: dict[str, float], iteration
         "value/explained_variance": explained_variance(exp.values, exp.returns, mask),
         "value/error": update_stats["value/error"],
         "value/clipfrac": update_stats["value/clipfrac"],
+        # the mean rate of this iteration's steps (0 for the policy while the critic warms up alone)
+        "lr/policy": update_stats.get("lr/policy", 0.0),
+        "lr/critic": update_stats["lr/critic"],
         "response/length": mask.sum(1).mean().item(),
         "iteration": iteration,
     }
@@ -419,8 +424,7 @@ def train_ppo(
         kl_coef = cfg.kl_coef if kl_control is None else kl_control.value
         exp = compute_advantages(exp, moments, cfg, kl_coef)
         stats = update(policy, critic, exp, cfg, it * cfg.steps_per_iteration, gen, ptx_batches, ranks, own_rows)
-        metrics = iteration_metrics(exp, stats, it) | {"objective/kl_coef": kl_coef, "lr/policy": policy.lr,
-                                                        "lr/critic": critic.lr}
+        metrics = iteration_metrics(exp, stats, it) | {"objective/kl_coef": kl_coef}
         if kl_control is not None:  # the next rollout's coefficient, from this one's KL
             kl_control.update(metrics["objective/kl"], n_steps=exp.response_ids.shape[0])
         history.append(metrics)
