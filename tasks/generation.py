@@ -20,9 +20,10 @@ from rlhf_core.generation.shards import gather_plan, generate_plan_shards
 from rlhf_core.generation.vllm_backend import resolve_backend
 from rlhf_core.schemas import read_table, write_table
 from tasks.common import RunContext, StageRun, run_stage
-from tasks.launch import run_worker
+from tasks.launch import group_world_size, run_worker
 
-VERSION = "2"  # 2: several generators, shard files for 1 and N processes, per-(generator, shard) seeds
+VERSION = "3"  # 2: several generators, shard files for 1 and N processes, per-(generator, shard) seeds; 3: stops
+# at the model's own end-of-turn tokens (generation_config.eos_token_id) too
 
 
 @task(name="generate", version=VERSION, cache_policy=NO_CACHE)
@@ -60,7 +61,7 @@ def generate(ctx: RunContext, cfg: GenerationConfig, sampled: ArtifactRef, polic
                 "--config", str(scratch / "generation.json"), "--seed", str(seed), "--shard-dir", str(shard_dir),
                 "--progress"]
         run_worker("rlhf_core.workers.generate", args, cfg.num_processes, scratch / "worker.log")
-        return int((shard_dir / "world_size.txt").read_text())
+        return group_world_size(shard_dir, cfg.num_processes, "generation", scratch / "worker.log")
 
     config = {"generation": cfg.model_dump(exclude={"num_processes"}), "seed": seed, "backend": backend,
               "generators": {g.name: g.generator_id for g in generators}}

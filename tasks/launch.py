@@ -145,6 +145,15 @@ def failed_rank(log_text: str) -> tuple[int, int] | None:
     return (int(match[1]), int(match[2])) if root >= 0 and match else None
 
 
+def group_world_size(directory: Path, asked: int, what: str, log_path: Path) -> int:
+    """The world size the ranks wrote into `directory`/world_size.txt; raises when it is not the `asked` number
+    (N lone processes, each rank 0 of 1, would each have done all the work and said 1)."""
+    world_size = int((directory / "world_size.txt").read_text())
+    if world_size != asked:
+        raise RuntimeError(f"{what} asked for {asked} ranks and ran with {world_size}: see {log_path}")
+    return world_size
+
+
 def run_worker(module: str, args: list[str], num_processes: int, log_path: Path, deepspeed: str | None = None,
                grace_seconds: float = GRACE_SECONDS, logger: logging.Logger | logging.LoggerAdapter | None = None
                ) -> None:

@@ -18,13 +18,13 @@ from rlhf_core.ppo.scoring import gold_scores, reward_scorer  # noqa: F401 - rew
 from rlhf_core.ppo.trainer import EXECUTION_SETTINGS, train_ppo
 from rlhf_core.schemas import read_table
 from tasks.common import RunContext, StageRun, run_stage
-from tasks.launch import run_worker
+from tasks.launch import group_world_size, run_worker
 from tasks.plots import ppo_curves
 
 WORKER = "rlhf_core.workers.ppo"
 # 4: the rollout's policy log-probs from generation's logits; 3: each prompt's responses drawn with a seed of its
 # rollout index (the same on any number of ranks)
-VERSION = "4"
+VERSION = "5"  # 5: rollouts stop at the model's own end-of-turn tokens too; lr/* the rates the steps used
 
 
 @task(name="ppo", version=VERSION, cache_policy=NO_CACHE)
@@ -71,10 +71,7 @@ def train_on_ranks(cfg: PPOConfig, policy_dir: Path, reward_dir: Path, reward_ma
     policy_out = scratch / "policy"
     run_worker(WORKER, worker_args(cfg, policy_dir, reward_dir, reward_max_length, prompts, ptx, seed, scratch),
                cfg.num_processes, scratch / "worker.log", deepspeed=cfg.deepspeed)
-    world_size = int((policy_out / "world_size.txt").read_text())
-    if world_size != cfg.num_processes:
-        raise RuntimeError(f"PPO asked for {cfg.num_processes} ranks and ran with {world_size}: "
-                           f"see {scratch / 'worker.log'}")
+    group_world_size(policy_out, cfg.num_processes, "PPO", scratch / "worker.log")
     history = json.loads((policy_out / "history.json").read_text())
     for metrics in history:
         on_iteration(metrics)

@@ -18,7 +18,7 @@ from rlhf_core.reward.train import pair_reward_diffs, train_reward_model
 from rlhf_core.schemas import read_table
 from rlhf_core.sim.metrics import accuracy_by_pair_type, answer_probe, gold_eval_pairs
 from tasks.common import RunContext, StageRun, run_stage
-from tasks.launch import run_worker
+from tasks.launch import group_world_size, run_worker
 
 VERSION = "3"
 EXECUTION_SETTINGS = {"num_processes", "deepspeed"}  # how the model is trained, not which: out of the cache key
@@ -78,10 +78,7 @@ def train_on_ranks(cfg: RewardConfig, policy_dir: Path, pairs: pd.DataFrame, see
                ["--init-dir", str(policy_dir), "--pairs", str(scratch / "pairs.parquet"), "--config",
                 str(scratch / "train.json"), "--seed", str(seed), "--out", str(model_dir), "--progress"],
                cfg.num_processes, scratch / "worker.log", deepspeed=cfg.deepspeed)
-    world_size = int((model_dir / "world_size.txt").read_text())
-    if world_size != cfg.num_processes:
-        raise RuntimeError(f"reward training asked for {cfg.num_processes} ranks and ran with {world_size}: "
-                           f"see {scratch / 'worker.log'}")
+    world_size = group_world_size(model_dir, cfg.num_processes, "reward training", scratch / "worker.log")
     metrics = json.loads((model_dir / "metrics.json").read_text()) | {"world_size": world_size}
     return RewardModel.load(model_dir), load_tokenizer(model_dir), metrics
 

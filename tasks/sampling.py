@@ -15,7 +15,8 @@ from rlhf_core.schemas import read_table, write_table
 from tasks.common import RunContext, StageRun, run_stage
 from tasks.plots import tag_histogram
 
-VERSION = "2"  # 2: taggers (embedding, LLM), semantic tag merge, near-duplicate prompts
+VERSION = "3"  # 2: taggers (embedding, LLM), semantic tag merge, near-duplicate prompts; 3: near-duplicate
+# shingles of characters (were UTF-8 bytes), the balanced cap of the budget (was of the pool after deduplication)
 
 
 @task(name="sample", version=VERSION, cache_policy=NO_CACHE)

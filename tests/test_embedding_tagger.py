@@ -195,7 +195,7 @@ def test_sampling_stage_with_the_embedding_tagger(tmp_path):
     client = MlflowClient(uri)
     run = next(r for r in client.search_runs([tracker.experiment_id]) if r.data.tags.get("rlhf.stage") == "sample")
     metrics = run.data.metrics
-    assert run.data.tags["rlhf.stage_version"] == VERSION == "2"
+    assert run.data.tags["rlhf.stage_version"] == VERSION == "3"
     assert metrics["sampling/prompt_tag_coverage"] == 1.0 and 1 <= metrics["sampling/mean_tags_raw"] <= 3
     assert metrics["sampling/n_tags_merged_semantic"] >= 1
     assert metrics["sampling/n_near_duplicates_removed"] >= 0 and "sampling/tags_after_frequency_filter" in metrics

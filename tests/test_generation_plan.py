@@ -281,15 +281,22 @@ def test_killed_stage_resumes_from_its_shards_and_matches_an_uninterrupted_run(s
 # ---------------------------------------------------------------- vLLM (this machine has no GPU and no vllm)
 
 
-def test_vllm_backend_is_optional_and_auto_falls_back_to_hf():
+def test_vllm_backend_is_optional_and_auto_falls_back_to_hf(monkeypatch):
+    import torch
+
     from rlhf_core.generation import vllm_backend
 
-    assert vllm_backend.vllm_available() is False  # no CUDA GPU here
-    assert vllm_backend.resolve_backend("auto", num_processes=1) == "hf"
-    assert vllm_backend.resolve_backend("hf", num_processes=1) == "hf"
-    with pytest.raises(GenerationInputError, match="generation.backend is 'vllm' but vLLM cannot run here: "
-                                                   "no CUDA GPU is visible; install vllm on a CUDA machine"):
-        vllm_backend.resolve_backend("vllm", num_processes=1)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # as on CI, and so on a GPU machine too
+    vllm_backend.vllm_unavailable_reason.cache_clear()  # (its answer is cached per process)
+    try:
+        assert vllm_backend.vllm_available() is False
+        assert vllm_backend.resolve_backend("auto", num_processes=1) == "hf"
+        assert vllm_backend.resolve_backend("hf", num_processes=1) == "hf"
+        with pytest.raises(GenerationInputError, match="generation.backend is 'vllm' but vLLM cannot run here: "
+                                                       "no CUDA GPU is visible; install vllm on a CUDA machine"):
+            vllm_backend.resolve_backend("vllm", num_processes=1)
+    finally:
+        vllm_backend.vllm_unavailable_reason.cache_clear()  # later tests see the real machine
 
 
 def test_vllm_rows_match_the_hf_rows_shape_with_a_stand_in_engine(monkeypatch):

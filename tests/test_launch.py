@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from prefect_logs import run_and_read_logs
 
-from tasks.launch import WorkerError, failed_rank, run_worker
+from tasks.launch import WorkerError, failed_rank, group_world_size, run_worker
 
 ROOT = Path(__file__).resolve().parents[1]
 PROBE = "rlhf_core.workers.probe"
@@ -127,6 +127,10 @@ def test_ranks_with_unequal_work_wait_for_each_other_past_the_groups_timeout(tmp
     uneven = ["--join-ranks", "--sleep", "20", "--out", str(tmp_path)]
     run_worker(PROBE, uneven, 2, tmp_path / "worker.log")
     assert (tmp_path / "world_size.txt").read_text() == "2\n"
+    assert group_world_size(tmp_path, 2, "probe", tmp_path / "worker.log") == 2
+    # what N lone processes (each rank 0 of 1) would leave: every stage refuses it (generation did not check)
+    with pytest.raises(RuntimeError, match="generation asked for 3 ranks and ran with 2: see .*worker.log"):
+        group_world_size(tmp_path, 3, "generation", tmp_path / "worker.log")
     assert "rank 1 done" in (tmp_path / "worker.log").read_text()
     # the control: the group's own barrier does time out, so the wait above outlasted a real timeout
     with pytest.raises(WorkerError, match="rank 1 exited"):

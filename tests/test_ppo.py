@@ -241,6 +241,25 @@ QUERIES = ["Q: a\nA:", "Q: a much longer query\nA:", "Q: mid size\nA:"]
 def test_response_mask_stops_after_first_eos():
     ids = torch.tensor([[5, 1, 7, 1], [5, 6, 7, 8], [1, 0, 0, 0]])
     assert response_mask_from_ids(ids, eos_token_id=1).tolist() == [[1, 1, 0, 0], [1, 1, 1, 1], [1, 0, 0, 0]]
+    assert response_mask_from_ids(ids, eos_token_id=[1, 6]).tolist() == [[1, 1, 0, 0], [1, 1, 0, 0], [1, 0, 0, 0]]
+
+
+def test_generation_stops_at_the_models_own_end_of_turn_tokens(tiny):
+    """A chat model whose turn ends with a token other than the tokenizer's eos lists it in generation_config
+    (Gemma-2-it, Phi-3): sampling stops there, as model.generate and vLLM do (it ran on to max_new_tokens)."""
+    model, tok = tiny
+    greedy = sample_batch(model, tok, QUERIES[:1], max_new_tokens=6, temperature=0)
+    ids = greedy.response_ids[0].tolist()
+    end_of_turn = ids[2]
+    before = model.generation_config.eos_token_id
+    model.generation_config.eos_token_id = [tok.eos_token_id, end_of_turn]
+    try:
+        stopped = sample_batch(model, tok, QUERIES[:1], max_new_tokens=6, temperature=0)
+    finally:
+        model.generation_config.eos_token_id = before
+    n = ids.index(end_of_turn) + 1  # up to and including its first occurrence
+    assert stopped.response_mask[0].tolist() == [1] * n + [0] * (stopped.response_mask.shape[1] - n)
+    assert stopped.response_ids[0, :n].tolist() == ids[:n]
 
 
 def test_sample_batch_left_pads_queries(tiny):

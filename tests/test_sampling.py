@@ -82,6 +82,12 @@ def test_balanced_never_exceeds_the_cap_where_complexity_first_does():
     assert len(bal) == 8 and report["budget_met"] == 0.0 and report["n_fill"] == 3
     assert report["tag_cap"] == 3 and report["n_blocked_by_cap"] == 5
     assert set(bal["selection_reason"]) == {"balanced", "fill"}
+    # the cap is of the budget, not of the pool left after deduplication (2 copies removed made it 2 before)
+    copies = _pool([["common", f"r{i}"] for i in range(8)] + [["common", "s"], ["common", "t"]])
+    copies["prompt"] = [f"q{i}" for i in range(8)] + ["q0", "q1"]
+    capped, report = select_prompts(copies, budget=10, seed=0, mode="balanced", max_tag_share=0.3,
+                                    drop_duplicates=True)
+    assert report["n_duplicates_removed"] == 2 and report["tag_cap"] == 3 and len(capped) == 3
 
 
 # ---------------------------------------------------------------- normalisation and deduplication
@@ -171,9 +177,15 @@ def test_minhash_is_deterministic_and_estimates_jaccard():
         t = normalize_text(t)
         return {t[i : i + 5] for i in range(len(t) - 4)}
 
-    for i, j in [(2, 3), (0, 5), (0, 4)]:
+    # shingles are of characters, not UTF-8 bytes: one changed CJK character (3 bytes) moves 5 of them (the
+    # byte shingles' estimate was 0.89, and a distinct question was dropped as a near copy at 0.8)
+    chinese = ["小明有15个苹果，给了小红7个，他还剩下几个苹果？", "小明有15个苹果，给了小红8个，他还剩下几个苹果？"]
+    texts, sig = texts + chinese, np.vstack([sig, minhash_signatures(chinese, num_perm=256, seed=3)])
+    for i, j in [(2, 3), (0, 5), (0, 4), (6, 7)]:
         true = len(shingles(texts[i]) & shingles(texts[j])) / len(shingles(texts[i]) | shingles(texts[j]))
         assert abs((sig[i] == sig[j]).mean() - true) < 0.1
+    pair = pd.DataFrame({"prompt_id": ["p0", "p1"], "prompt": chinese, "tags": [["x"]] * 2, "source": "t"})
+    assert drop_near_duplicate_prompts(pair, threshold=0.8)[1] == 0  # Jaccard 0.62: another question, kept
     assert minhash_signatures(["hi", ""], num_perm=8).shape == (2, 8)  # shorter than a shingle: one shingle
     bands, rows = lsh_params(0.8, 128)
     assert bands * rows <= 128 and 0.6 < (1 / bands) ** (1 / rows) < 0.85  # the S-curve's midpoint near 0.8

@@ -28,14 +28,23 @@ class Rollout:
     logits: torch.Tensor | None = None  # (B, Tr, V) the model's raw logits at each step (`return_logits`)
 
 
-def response_mask_from_ids(response_ids: torch.Tensor, eos_token_id: int) -> torch.Tensor:
-    """1 up to and including the first eos of each row, 0 after: (B, Tr) -> (B, Tr) long.
+def response_mask_from_ids(response_ids: torch.Tensor, eos_token_id: int | list[int]) -> torch.Tensor:
+    """1 up to and including the first eos (any of them, when a list) of each row, 0 after: (B, Tr) -> (B, Tr) long.
 
     Computed from eos, not from `!= pad`, because many tokenizers use eos as pad.
     """
-    is_eos = (response_ids == eos_token_id).long()  # (B, Tr)
+    stop = torch.tensor(eos_token_id if isinstance(eos_token_id, list) else [eos_token_id], device=response_ids.device)
+    is_eos = torch.isin(response_ids, stop).long()  # (B, Tr)
     eos_before = is_eos.cumsum(1) - is_eos  # number of eos strictly before each position
     return (eos_before == 0).long()
+
+
+def stop_token_ids(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase) -> list[int]:
+    """The tokenizer's eos and the model's own end-of-turn tokens (generation_config.eos_token_id: e.g. Gemma-2-it's
+    <end_of_turn>, Phi-3's <|end|>), which vLLM stops at too; passing the tokenizer's eos alone replaced them."""
+    own = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    own = [] if own is None else own if isinstance(own, list) else [own]
+    return sorted({tokenizer.eos_token_id, *own})
 
 
 def decode_responses(
@@ -145,6 +154,7 @@ def sample_batch(
         processors.append(RowGumbelNoise(row_seeds))
         generate_kwargs = {"do_sample": False}
 
+    stop_ids = stop_token_ids(model, tokenizer)
     seeded = generator_seed is not None
     devices = [] if device.type == "cpu" else [device]
     with torch.random.fork_rng(devices=devices) if seeded else contextlib.nullcontext():
@@ -155,7 +165,7 @@ def sample_batch(
             attention_mask=query_mask,
             max_new_tokens=max_new_tokens,
             pad_token_id=tokenizer.pad_token_id,
-            eos_token_id=tokenizer.eos_token_id,
+            eos_token_id=stop_ids,
             use_cache=True,
             repetition_penalty=1.0,  # transformers' own (pad-blind) penalty off; ours is in `processors`
             logits_processor=processors,
@@ -166,7 +176,7 @@ def sample_batch(
     logits = torch.stack(out.logits, dim=1) if return_logits else None  # (B, Tr, V)
 
     response_ids = out.sequences[:, query_ids.shape[1] :]  # (B, Tr)
-    response_mask = response_mask_from_ids(response_ids, tokenizer.eos_token_id)
+    response_mask = response_mask_from_ids(response_ids, stop_ids)
     response_ids = response_ids.masked_fill(response_mask == 0, tokenizer.pad_token_id)
     texts = decode_responses(tokenizer, response_ids, response_mask)
     return Rollout(query_ids, query_mask, response_ids, response_mask, texts, logits)

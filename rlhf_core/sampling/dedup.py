@@ -6,7 +6,9 @@ near copies the smallest prompt_id survives, whatever the row order.
 
 - Shingles: the k-character substrings of `normalize_text(prompt)` (lower-cased, prose
   punctuation dropped, whitespace collapsed); a text shorter than k is one shingle.
-- Hashing is numpy only and deterministic: a polynomial hash of each shingle's UTF-8 bytes, then
+- Hashing is numpy only and deterministic: a polynomial hash of each shingle's Unicode code points (for ASCII
+  text the same numbers as its bytes; over UTF-8 bytes a 3-byte CJK character made a 5-byte "shingle" under two
+  characters, and one changed character moved too few of them: distinct Chinese prompts were dropped), then
   per permutation a multiply-add-shift hash h_i(x) = (a_i * x + b_i) mod 2^64 >> 32 with
   (a_i, b_i) drawn from `seed` (Dietzfelbinger's 2-independent family).
 - LSH: the signature is cut into `bands` bands of `rows` values; only prompts that share a whole
@@ -27,7 +29,7 @@ import pandas as pd
 from rlhf_core.sampling.normalize import normalize_text
 
 _BASE = np.uint64(1_000_003)  # polynomial shingle hash base (mod 2^64 by wraparound)
-_CHUNK_BYTES = 4_000_000  # texts are hashed in chunks of about this many bytes: bounded memory
+_CHUNK_CHARS = 4_000_000  # texts are hashed in chunks of about this many characters: bounded memory
 
 
 def _mix64(x: np.ndarray) -> np.ndarray:
@@ -39,11 +41,17 @@ def _mix64(x: np.ndarray) -> np.ndarray:
     return x ^ (x >> np.uint64(31))
 
 
-def _shingle_hashes(texts: list[bytes], k: int) -> tuple[np.ndarray, np.ndarray]:
-    """32-bit hashes of every k-byte shingle of every text, and each text's first index into them."""
-    padded = [t.ljust(k, b"\0") for t in texts]  # a short text is one (padded) shingle
+def code_points(text: str) -> np.ndarray:
+    """The text's Unicode code points, (characters,) uint32."""
+    return np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32)
+
+
+def _shingle_hashes(texts: list[np.ndarray], k: int) -> tuple[np.ndarray, np.ndarray]:
+    """32-bit hashes of every k-character shingle of every text (its code points), and each text's first index
+    into them."""
+    padded = [np.pad(t, (0, max(0, k - len(t)))) for t in texts]  # a short text is one (0-padded) shingle
     lengths = np.array([len(t) for t in padded], dtype=np.int64)
-    data = np.frombuffer(b"".join(padded), dtype=np.uint8).astype(np.uint64)
+    data = np.concatenate(padded).astype(np.uint64)
     n_starts = len(data) - k + 1
     h = np.zeros(n_starts, dtype=np.uint64)
     for m in range(k):  # h = sum_m data[p + m] * BASE^(k-1-m), mod 2^64
@@ -63,12 +71,12 @@ def minhash_signatures(texts: list[str], num_perm: int = 128, shingle_size: int 
     rng = np.random.default_rng(seed)
     a = rng.integers(1, 2**63, size=num_perm, dtype=np.uint64) | np.uint64(1)  # odd multipliers
     b = rng.integers(0, 2**63, size=num_perm, dtype=np.uint64)
-    encoded = [normalize_text(t).encode("utf-8") for t in texts]
+    encoded = [code_points(normalize_text(t)) for t in texts]
     signatures = np.empty((len(encoded), num_perm), dtype=np.uint32)
     start = 0
     while start < len(encoded):
         stop, size = start, 0
-        while stop < len(encoded) and (size < _CHUNK_BYTES or stop == start):
+        while stop < len(encoded) and (size < _CHUNK_CHARS or stop == start):
             size += len(encoded[stop]) + shingle_size
             stop += 1
         x, first = _shingle_hashes(encoded[start:stop], shingle_size)

@@ -141,7 +141,9 @@ def select_from_pool(
     vocab = {t: i for i, t in enumerate(sorted({t for ts in tags for t in ts}))}
     tag_lists = tags.tolist()
     ranked_tags = [[vocab[t] for t in tag_lists[i]] for i in order]
-    cap = int(max_tag_share * target + 1e-9) if mode == "balanced" else None  # + 1e-9: 0.29 * 100 is 28.99..
+    # of the budget, as documented (of the pool left after deduplication, when smaller, it shrank with each copy
+    # removed); + 1e-9: 0.29 * 100 is 28.99..
+    cap = int(max_tag_share * budget + 1e-9) if mode == "balanced" else None
     chosen, n_passes, n_fill = instag_passes(ranked_tags, len(vocab), target, cap)
 
     idx = order[chosen]
