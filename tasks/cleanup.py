@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rlhf_core.artifacts import ArtifactRef, ArtifactStore
+from rlhf_core.config import ConfigError, no_credentials_in_url
 from tasks.common import MAINTENANCE, SERIES_LOCK, WorkdirBusyError, lock_workdir
 from tasks.iteration import finished_rounds, started_policies
 from tasks.promotion import registered_models
@@ -107,6 +108,14 @@ def plan_garbage(workdir: str | Path, keep_days: float, drop_registered_models: 
     if keep_days < MIN_KEEP_DAYS:
         raise ValueError(f"keep_days must be at least {MIN_KEEP_DAYS:g} (got {keep_days:g}): a chained round starts "
                          "from what the round before made")
+    if tracking_uri is not None:
+        try:  # a round's config refuses these; the URI given here would reach the flow's parameters and errors
+            no_credentials_in_url(tracking_uri)
+        except ValueError as err:
+            raise ConfigError(f"tracking_uri: {err}") from None
+        if not drop_registered_models:
+            raise ConfigError("tracking_uri names the registry that drop_registered_models asks; without "
+                              "drop_registered_models it is not read: leave it out, or add drop_registered_models")
     store = store_of(workdir)
     heads = [ref for last in finished_rounds(workdir).values() for ref in (last.pairs, last.policy)]
     held = registered_models(tracking_uri or default_tracking_uri(workdir)) if drop_registered_models else frozenset()

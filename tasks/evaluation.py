@@ -36,7 +36,8 @@ from tasks.tracking import PYFUNC_FILES
 from tasks.plots import verdict_bars_with_intervals
 from tasks.ppo import reward_scorer
 
-VERSION = "2"  # 2: judgements carry both rationales and parse statuses; win/tie/lose intervals
+VERSION = "3"  # 2: judgements carry both rationales and parse statuses; win/tie/lose intervals; 3: verdict and
+# rating fallbacks read the last line before any bracket; cached replies read again, cached outages asked again
 # how an HTTP judge runs, not what it answers: kept out of the stage's cache key
 HTTP_EXECUTION_KEYS = ("timeout_s", "max_retries", "backoff_s", "concurrency")
 

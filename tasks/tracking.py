@@ -29,7 +29,7 @@ from mlflow.entities import (DatasetInput, InputTag, LoggedModelInput, LoggedMod
 from mlflow.utils.validation import MAX_PARAM_VAL_LENGTH
 
 from rlhf_core.artifacts import atomic_write
-from rlhf_core.config import ConfigError, no_credentials_in_url
+from rlhf_core.config import ConfigError, no_credentials_in_url, url_without_userinfo
 
 log = logging.getLogger("rlhf")
 # a key that may name or hold a credential; "token" only as a word of the key (hf_token, access_token), so that
@@ -142,7 +142,7 @@ def check_tracking_server(uri: str, timeout_s: float = 5.0) -> None:
     except (urllib.error.URLError, OSError) as err:
         problem = str(getattr(err, "reason", err))
     raise TrackingUnavailableError(
-        f"the MLflow tracking server {uri} does not answer ({problem}): start it (bash infra/services.sh start), "
+        f"the MLflow tracking server {url_without_userinfo(uri)} does not answer ({problem}): start it (bash infra/services.sh start), "
         "or unset MLFLOW_TRACKING_URI / tracking_uri to log to <workdir>/mlflow.db"
     )
 

@@ -518,6 +518,12 @@ def test_gc_lists_what_nothing_kept_was_made_from_and_removes_it_only_when_asked
     client.create_model_version("rlhf-policy", source=str(workdir), tags={"rlhf.digest": generator.digest})
     result = runner.invoke(app, drop)
     assert "1 unreferenced (1.0 MiB)" in result.output and "--drop-registered-models --remove` to" in result.output
+    # a registry URI with a password is refused unshown (it was echoed in the "does not answer" line and the
+    # suggested command), and a URI without --drop-registered-models, which would not be read, is refused
+    secret = "http://alice:s3cretpw@127.0.0.1:9"
+    for argv in ([*drop, "--tracking-uri", secret], ["gc", str(workdir), "--tracking-uri", "http://127.0.0.1:9"]):
+        result = runner.invoke(app, argv)
+        assert result.exit_code == 2 and "s3cretpw" not in result.output and "tracking_uri" in result.output
     assert runner.invoke(app, [*drop, "--remove"]).exit_code == 0
     assert not os.path.exists(generator.path) and os.path.exists(responses.path)
     (workdir / FINISHED_ROUNDS).write_text("{")  # a record that does not read: nothing is collected

@@ -89,6 +89,23 @@ def test_malformed_replies_are_retried_then_uncached_ties_with_a_recorded_parse_
     assert len(server.requests) == 5 and again.usage["cache_hits"] == 1
 
 
+def test_cached_replies_are_read_again_by_todays_parser_and_cached_outages_asked_again(server, tmp_path):
+    from rlhf_core.judge.cache import judgement_key
+    from rlhf_core.judge.protocol import Judgement
+
+    cache = JudgementCache(tmp_path / "judgements.sqlite")
+    judge = make_judge(server, cache=cache)
+    key = lambda first, second: judgement_key("http", judge.key_model(), "pairwise-v1",  # noqa: E731
+                                              criteria_text("helpfulness"), P, first, second)
+    misread = "Assistant B cites source [B] wrongly, while A is correct. Final verdict: A"
+    cache.put(key(GOOD, BAD), Judgement("second", misread, "fallback", "no [[X]] verdict; read the [X]"))
+    cache.put(key(BAD, GOOD), Judgement("tie", "", "unparsed", "malformed response body: '{}'"))  # kept before
+    row = judge_pairs(judge, [(P, GOOD, BAD)])[0]
+    assert (row["verdict_ab"], row["parse_status_ab"]) == ("win", "fallback")  # the paid reply, read again
+    assert (row["verdict_ba"], row["parse_status_ba"]) == ("win", "ok")  # the outage's tie: asked again
+    assert len(server.requests) == 1 and judge.usage["cache_hits"] == 1
+
+
 def test_a_retry_after_that_is_not_a_number_falls_back_to_the_backoff(server):
     server.script = [("status", 503, {"Retry-After": "nan"})]  # time.sleep(nan) raised a bare ValueError before
     judge = make_judge(server, backoff_s=0.0)

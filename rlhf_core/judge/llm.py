@@ -65,7 +65,7 @@ class LLMJudge:
         key = judgement_key(self.kind, self.key_model(), self.template_version, self.criteria, prompt, first,
                             second)
         with self._key_lock(key):  # a second thread with the same pair waits, then finds it cached
-            cached = self.cache.get(key) if self.cache is not None else None
+            cached = _reread(self.cache.get(key) if self.cache is not None else None, _judgement_from_reply)
             if cached is not None:
                 self.count(cache_hits=1)
                 return cached
@@ -83,7 +83,7 @@ class LLMJudge:
         key = grade_key(self.kind, self.key_model(), self.grading_template_version, self.grading_criteria, prompt,
                         answer)
         with self._key_lock(key):
-            cached = self.cache.get_grade(key) if self.cache is not None else None
+            cached = _reread(self.cache.get_grade(key) if self.cache is not None else None, _grade_from_reply)
             if cached is not None:
                 self.count(cache_hits=1)
                 return cached
@@ -117,6 +117,15 @@ class LLMJudge:
     def compare(self, prompt: str, first: str, second: str) -> tuple[str, str]:
         judgement = self.judgement(prompt, first, second)
         return judgement.outcome, judgement.rationale
+
+
+def _reread(cached: T | None, from_reply: Callable[[str], T]) -> T | None:
+    """A cached judgement or grade as today's parser reads its reply (the reply is kept: a parser fix applies to
+    replies paid for before); None, to ask again, for one cached with no reply at all (a malformed answer, which
+    caches written before 2026-11-29 kept)."""
+    if cached is None or cached.parse_status == "ok":
+        return cached
+    return from_reply(cached.rationale) if cached.rationale else None
 
 
 def _judgement_from_reply(reply: str) -> Judgement:
