@@ -25,11 +25,11 @@ from rlhf_core.artifacts import ArtifactRef, ArtifactStore
 from rlhf_core.config import (RESOLVED, ConfigError, RoundConfig, check_iterated_rounds, config_digest, deep_merge,
                                parse_config, url_without_userinfo)
 from rlhf_core.annotation.importer import check_exports
-from rlhf_core.chat_completions import check_chat_server
+from rlhf_core.chat_completions import check_chat_server, key_for
 from rlhf_core.paths import allowed_roots, check_config_paths, resolve_allowed
 from tasks.annotation import collect_annotations, import_annotations
 from tasks.common import SERIES_LOCK, RunContext, code_tags, lock_workdir, publish_markdown
-from tasks.evaluation import evaluate
+from tasks.evaluation import evaluate, http_api_key
 from tasks.generation import generate
 from tasks.iteration import (FinishedRound, check_new_import, last_finished_round, pairs_so_far,
                              record_finished_round, series_base, series_start, stop_reason, training_pairs)
@@ -201,11 +201,27 @@ def checked_round_config(config: RoundConfig, config_path: str | None,
 
 
 def check_chat_servers(config: RoundConfig) -> None:
-    """The LLM judge's and the LLM tagger's servers answer, before any work (else found at their stage)."""
+    """The LLM judge's and the LLM tagger's servers answer and their keys are there and may go to them, before any
+    work (else found at their stage: the judge's after SFT, voting, the reward model and PPO)."""
+    from rlhf_core.sampling.taggers import LLMTagger
+
     if config.evaluation.judge == "http":
-        check_chat_server(config.evaluation.http.base_url, "evaluation.http.base_url")
+        http = config.evaluation.http
+        check_chat_server(http.base_url, "evaluation.http.base_url")
+        _check_key("evaluation.http", http.base_url, lambda: http_api_key(http))
     if config.sampling.tagger.source == "llm":
-        check_chat_server(config.sampling.tagger.base_url, "sampling.tagger.base_url")
+        tagger = config.sampling.tagger
+        check_chat_server(tagger.base_url, "sampling.tagger.base_url")
+        _check_key("sampling.tagger", f"{tagger.base_url}/chat/completions",
+                   LLMTagger(tagger.base_url, tagger.model, api_key_env=tagger.api_key_env).api_key)
+
+
+def _check_key(section: str, url: str, read_key) -> None:
+    """The key `read_key()` gives is set and may be sent to `url`; a ConfigError naming `section` (never the key)."""
+    try:
+        key_for(url, read_key())
+    except (ValueError, RuntimeError) as err:
+        raise ConfigError(f"{section}: {err}") from None
 
 
 StageName = Literal["world", "sft", "sample", "generate", "annotators", "import_annotations", "vote", "denoise",
@@ -250,6 +266,8 @@ def rlhf_round(config: RoundConfig = RoundConfig(), stop_after: StageName | None
     A round that runs to its evaluation emits the Prefect event rlhf.round.completed (flows/chaining.py),
     which rlhf-round/next-round's trigger turns into the next round.
     """
+    if round_no < 1:  # round 0 of seed 0 sampled with seed -1, refused only after SFT
+        raise ConfigError(f"round_no must be at least 1 (got {round_no})")
     config = checked_round_config(config, config_path, annotation_exports)
     # one round at a time per workdir (its store, scratch, mlflow.db and finished-rounds record)
     if wait_for_workdir_minutes < 0:
@@ -407,7 +425,7 @@ def rlhf_rounds(config: RoundConfig = RoundConfig(), n_rounds: int = 2,
     """
     if n_rounds < 1:
         raise ValueError(f"n_rounds must be >= 1, got {n_rounds}")
-    config = resolve_round_config(config, config_path)
+    config = checked_round_config(config, config_path)  # before the series' lock, workdir and MLflow run
     check_iterated_rounds(config, n_rounds)
     # one rlhf-rounds at a time per workdir (its series run; each round still takes the round's lock)
     with lock_workdir(config.workdir, note=flow_runs_note(), name=SERIES_LOCK, what="rlhf-rounds"

@@ -100,6 +100,17 @@ def checked_key(api_key: str | None) -> str | None:
     return key
 
 
+def key_for(url: str, api_key: str | None) -> str | None:
+    """`checked_key(api_key)`, refused for a `url` it may not go to (plain http to another machine). The client's
+    check before it sends anything; a round makes it before its first stage too (`flows.round.check_chat_servers`)."""
+    key = checked_key(api_key)
+    if key and not encrypted_or_local(url):
+        raise ValueError(f"{url}: refusing to send the API key over plain http to another machine (anyone on the way "
+                         "could read it): use https, or set api_key_env to null for a server that needs no key (a "
+                         "vLLM or llama.cpp server)")
+    return key
+
+
 def encrypted_or_local(url: str) -> bool:
     """https, or http to this machine (a loopback address): where an API key may be sent."""
     parts = httpx.URL(url)
@@ -142,11 +153,7 @@ class ChatCompletionsClient:
         self.url = f"{base_url.rstrip('/')}/chat/completions"
         self.model = model
         self.max_retries, self.backoff_s = max_retries, backoff_s
-        self._api_key = checked_key(api_key)
-        if self._api_key and not encrypted_or_local(self.url):
-            raise ValueError(f"{self.url}: refusing to send the API key over plain http to another machine (anyone "
-                             "on the way could read it): use https, or set api_key_env to null for a server that "
-                             "needs no key (a vLLM or llama.cpp server)")
+        self._api_key = key_for(self.url, api_key)
         self._count = count
         self._client = httpx.Client(timeout=timeout_s)
 

@@ -11,6 +11,7 @@ import difflib
 import hashlib
 import json
 import re
+import types
 import typing
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -18,8 +19,8 @@ from urllib.parse import urlsplit, urlunsplit
 
 import yaml
 from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr, SerializationInfo,
-                      SerializerFunctionWrapHandler, ValidationError, model_serializer, model_validator)
-
+                      SerializerFunctionWrapHandler, ValidationError, ValidationInfo, field_validator, model_serializer,
+                      model_validator)
 
 # The NAME of an environment variable that holds an API key: upper case by convention, and so never the shape of
 # a key (sk-..., gsk_..., mixed-case base62), which a user may paste here by mistake; the error then hides the value.
@@ -80,8 +81,28 @@ UrlWithoutCredentials = Annotated[str | None, AfterValidator(no_credentials_in_u
                                   Field(json_schema_extra={"pattern": URL_SCHEMA_PATTERN})]
 
 
+def _number_field(annotation: Any) -> bool:
+    """An int or float field (optional or not) that takes no bool."""
+    if annotation in (int, float):
+        return True
+    args = typing.get_args(annotation)
+    return typing.get_origin(annotation) in (typing.Union, types.UnionType) and bool not in args and any(
+        a in (int, float) for a in args)
+
+
 class StrictModel(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)  # inf passed gt=0 checks
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _numbers_are_not_booleans(cls, value: Any, info: ValidationInfo) -> Any:
+        """A number field refuses true / false: YAML reads yes, no, on and off as booleans, and pydantic took them as
+        1 and 0 (`--set ppo.kl_coef=yes` ran with 1.0), where the Prefect form refuses them. Not strict mode: YAML
+        reads 1e-5 as a string, which must still be a number."""
+        if isinstance(value, bool) and _number_field(cls.model_fields[info.field_name].annotation):
+            raise ValueError(f"{str(value).lower()} is not a number (YAML reads yes, no, on and off as true / false): "
+                             "give a number")
+        return value
 
     @model_validator(mode="before")
     @classmethod
@@ -132,6 +153,13 @@ class WorldConfig(StrictModel):
         "off: InsTag's diverse sampling balances tags, so such tags would skew the sampled answers (zero-result "
         "prompts 12 % of the pool, 24 % of the sample)",
     )
+
+    @model_validator(mode="after")
+    def _enough_annotators(self) -> WorldConfig:
+        if self.annotators_per_pair > self.n_annotators:  # each label is a different annotator's
+            raise ValueError(f"world.annotators_per_pair ({self.annotators_per_pair}) exceeds world.n_annotators "
+                             f"({self.n_annotators}): each of a task's labels comes from another annotator")
+        return self
 
 
 class PolicyModelConfig(StrictModel):
@@ -331,6 +359,9 @@ class GenerationConfig(StrictModel):
         repeated = _repeated(g.name for g in self.generators)
         if repeated:
             raise ValueError(f"generation.generators: names must be unique, repeated: {repeated}")
+        if self.backend == "vllm" and self.num_processes != 1:  # (found at the generate stage before)
+            raise ValueError(f"generation.backend 'vllm' runs in one process (vLLM batches itself), but "
+                             f"generation.num_processes is {self.num_processes}: set it to 1, or use backend 'hf'")
         return self
 
 
@@ -735,6 +766,13 @@ class PPOConfig(StrictModel):
             raise ValueError(f"ppo.critic_warmup_steps ({self.critic_warmup_steps}) leaves no policy update in the "
                              f"run's {total} optimiser steps ({self.iterations} iterations x "
                              f"{self.steps_per_iteration}): lower it or raise ppo.iterations")
+        policy_steps = total - self.critic_warmup_steps
+        for key, warmup, steps in (("policy_lr_warmup_steps", self.policy_lr_warmup_steps, policy_steps),
+                                   ("critic_lr_warmup_steps", self.critic_lr_warmup_steps, total)):
+            if warmup >= steps:  # the rate would never reach its peak, nor the schedule start to decay
+                raise ValueError(f"ppo.{key} ({warmup}) is not shorter than the run's {steps} steps of that model "
+                                 f"({self.iterations} iterations x {self.steps_per_iteration}, the policy's after "
+                                 f"the critic's {self.critic_warmup_steps} warm-up steps): lower it")
         return self
 
     @model_serializer(mode="wrap")
@@ -926,12 +964,20 @@ class RoundConfig(StrictModel):
                 f"evaluation.n_prompts ({self.evaluation.n_prompts}) exceeds world.n_eval_prompts "
                 f"({self.world.n_eval_prompts}), the world's held-out prompts: raise that or judge fewer"
             )
-        per_prompt = sum(s.n for g in self.generation.generators for s in g.strategies)
+        # distinct responses at most: a greedy strategy's n samples are one response (responses are deduplicated)
+        per_prompt = sum(1 if s.temperature == 0 or s.top_k == 1 else s.n
+                         for g in self.generation.generators for s in g.strategies)
         if not self.annotation.exports and per_prompt < 2:
             raise ValueError(
-                f"generation: the plan gives {per_prompt} response per prompt, and the simulated annotators "
-                "compare two responses of a prompt: give a strategy n >= 2, or another strategy or generator"
+                f"generation: the plan gives at most {per_prompt} distinct response per prompt (a greedy strategy, "
+                "temperature 0 or top_k 1, gives one whatever its n), and the simulated annotators compare two "
+                "responses of a prompt: give a sampling strategy n >= 2, or another strategy or generator"
             )
+        meta = self.reward.train.meta
+        if meta.enabled and meta.samples_per_prompt > per_prompt:
+            raise ValueError(f"reward.train.meta.samples_per_prompt ({meta.samples_per_prompt}) exceeds the "
+                             f"{per_prompt} distinct responses per prompt the generation plan gives at most: lower it, "
+                             "or sample more responses")
         if self.policy_model.pretrained is None:  # the tiny policy: its context is known here (PPO did not check it)
             context = self.policy_model.max_position_embeddings
             lengths = {"ppo.max_new_tokens": self.ppo.max_new_tokens,
@@ -1065,6 +1111,8 @@ class _UniqueKeyLoader(yaml.SafeLoader):
     def construct_mapping(self, node, deep=False):
         seen = set()
         for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *anchor`, resolved by flatten_mapping below
+                continue
             key = self.construct_object(key_node, deep=deep)
             if key in seen:
                 raise yaml.constructor.ConstructorError(None, None, f"key {key!r} is given twice: merge the two",

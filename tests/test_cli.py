@@ -552,11 +552,33 @@ def test_a_round_whose_judge_server_is_down_is_refused_before_any_work(tmp_path)
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     mini = Path(__file__).parents[1] / "configs" / "mini.yaml"
-    result = runner.invoke(app, ["round", str(mini), "--set", f"workdir={tmp_path / 'w'}", "--set",
-                                 "evaluation.judge=http", "--set", f"evaluation.http.base_url=http://127.0.0.1:{port}/v1",
-                                 "--set", "evaluation.http.api_key_env=null"])
-    assert result.exit_code == 2, result.output
-    assert f"evaluation.http.base_url: nothing answers at http://127.0.0.1:{port}/v1" in " ".join(result.output.split())
+    judge = ["--set", f"workdir={tmp_path / 'w'}", "--set", "evaluation.judge=http",
+             "--set", f"evaluation.http.base_url=http://127.0.0.1:{port}/v1", "--set", "evaluation.http.api_key_env=null"]
+    # rlhf-rounds made its workdir, mlflow.db and a FAILED series run before its first round refused it
+    for command in (["round", str(mini)], ["rounds", "2", "--config", str(mini)]):
+        result = runner.invoke(app, [*command, *judge])
+        assert result.exit_code == 2, result.output
+        assert f"evaluation.http.base_url: nothing answers at http://127.0.0.1:{port}/v1" in " ".join(
+            result.output.split())
+        assert not (tmp_path / "w").exists()
+
+
+def test_a_round_whose_judge_key_is_missing_is_refused_before_any_work(tmp_path, monkeypatch):
+    """The server answers, but the variable that should hold its key is not set: found at the evaluate stage
+    before (a RuntimeError traceback after SFT, voting, the reward model and PPO)."""
+    from pathlib import Path
+
+    from judge_server import JudgeServer
+
+    monkeypatch.delenv("RLHF_TEST_UNSET_KEY", raising=False)
+    mini = Path(__file__).parents[1] / "configs" / "mini.yaml"
+    with JudgeServer() as server:
+        result = runner.invoke(app, ["round", str(mini), "--set", f"workdir={tmp_path / 'w'}", "--set",
+                                     "evaluation.judge=http", "--set", f"evaluation.http.base_url={server.base_url}",
+                                     "--set", "evaluation.http.api_key_env=RLHF_TEST_UNSET_KEY"])
+    assert result.exit_code == 2 and "Traceback" not in result.output, result.output
+    assert "evaluation.http: evaluation.http.api_key_env names RLHF_TEST_UNSET_KEY, which is not set" in " ".join(
+        result.output.split())
     assert not (tmp_path / "w").exists()
 
 

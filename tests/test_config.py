@@ -255,6 +255,20 @@ def test_judged_prompts_are_bounded_by_the_worlds_held_out_prompts_only_when_the
     (["ppo.iterations=["], "override of 'ppo.iterations': the value is not valid YAML"),
     (["ppo.max_new_tokens=500"], "ppo.max_new_tokens (500) leaves no room for a prompt in the policy's context "
                                  "(policy_model.max_position_embeddings 128)"),  # PPO ran past it without a word
+    # 2026-11-29, each accepted before: YAML booleans as numbers (ran with 1.0, 1 and 0) ...
+    (["ppo.kl_coef=yes"], "ppo.kl_coef: Value error, true is not a number"),
+    (["sft.steps=on"], "sft.steps: Value error, true is not a number"),
+    (["seed=false"], "seed: Value error, false is not a number"),
+    # ... a learning-rate warm-up the run never finishes (the peak rate never reached) ...
+    (["ppo.policy_lr_warmup_steps=1000"], "ppo.policy_lr_warmup_steps (1000) is not shorter than the run's"),
+    (["ppo.critic_lr_warmup_steps=5000"], "ppo.critic_lr_warmup_steps (5000) is not shorter than the run's"),
+    # ... and settings that failed at their stage, after SFT
+    (["world.annotators_per_pair=7"], "world.annotators_per_pair (7) exceeds world.n_annotators (6)"),
+    (["generation.generators=[{name: policy, strategies: [{name: greedy, temperature: 0, n: 4}]}]"],
+     "the plan gives at most 1 distinct response per prompt"),
+    (["reward.train.meta.enabled=true", "reward.train.meta.samples_per_prompt=6"],
+     "reward.train.meta.samples_per_prompt (6) exceeds the 4 distinct responses per prompt"),
+    (["generation.backend=vllm", "generation.num_processes=2"], "generation.backend 'vllm' runs in one process"),
 ])
 def test_settings_that_failed_only_stages_later_are_refused_when_the_config_is_read(overrides, message):
     with pytest.raises(ConfigError) as err:
@@ -279,3 +293,8 @@ def test_a_key_given_twice_in_a_file_is_refused_not_silently_replaced(tmp_path):
     (tmp_path / "nested.yaml").write_text("ppo:\n  iterations: 10\n  iterations: 20\n")
     with pytest.raises(ConfigError, match="key 'iterations' is given twice"):
         load_config(tmp_path / "nested.yaml")
+    # a YAML merge key is no key given twice (it was refused as "could not determine a constructor")
+    (tmp_path / "merge.yaml").write_text("voting:\n  train: &train {epochs: 2, lr: 1.0e-4}\n"
+                                         "reward:\n  train: {<<: *train, epochs: 3}\n")
+    merged = load_config(tmp_path / "merge.yaml")
+    assert (merged.reward.train.epochs, merged.reward.train.lr, merged.voting.train.epochs) == (3, 1e-4, 2)

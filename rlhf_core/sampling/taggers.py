@@ -183,7 +183,7 @@ class LLMTagger:
             return self.api_key_env
         return "<not a variable name: not shown>"
 
-    def _api_key(self) -> str | None:
+    def api_key(self) -> str | None:
         """The key from the environment, read at call time; None when no key is used."""
         if self.api_key_env is None:
             return None
@@ -247,7 +247,7 @@ class LLMTagger:
         misses = {k: p for k, p in zip(keys, prompts) if k not in self._cache}
         self.cache_hits += len(prompts) - sum(1 for k in keys if k in misses)
         if misses:
-            api_key = self._api_key()
+            api_key = self.api_key()
             with ChatCompletionsClient(self.base_url, self.model, api_key, timeout_s=self.timeout_s,
                                        max_retries=self.max_retries, backoff_s=self.backoff_s,
                                        count=self._count) as client:
