@@ -13,11 +13,12 @@ import torch.nn.functional as F
 from transformers import AutoModelForSequenceClassification
 
 from rlhf_core import models
+from rlhf_core.models import format_query
 from rlhf_core.config import DenoiseConfig, PolicyModelConfig, RewardTrainConfig, VotingConfig
 from rlhf_core.reward.denoise import denoise
 from rlhf_core.reward.losses import imitation_loss, preference_loss, smooth_labels
 from rlhf_core.reward.model import RewardModel, encode, score_texts
-from rlhf_core.reward.train import pairwise_accuracy, train_reward_model
+from rlhf_core.reward.train import encode_pairs, pairwise_accuracy, train_reward_model
 from rlhf_core.reward.voting import bucket, fold_of_pairs, sign_agreement, strength_scale, strength_stats, vote
 from rlhf_core.schemas import validate_table
 
@@ -201,6 +202,8 @@ def test_reward_model_learns_a_separable_task_and_reloads(init_dir, tmp_path, re
     cfg = FAST.model_copy(update={"read": read})
     model, tok, metrics = train_reward_model(init_dir, pairs, cfg, seed=0)
     assert metrics["steps"] == 3 * 6
+    lengths = encode_pairs(tok, pairs, FAST.max_length).lengths()
+    assert metrics["share_at_max_length"] == (lengths >= FAST.max_length).mean() == 0.0  # nothing cut here
     if read == "end_token":  # a random backbone's log-likelihood is noise (and longer is less likely):
         assert pairwise_accuracy(model, tok, pairs, FAST.max_length) >= 0.9  # the head alone learns the task
         assert pairwise_accuracy(model, tok, make_pairs(64, seed=2), FAST.max_length) >= 0.9  # held out
@@ -226,6 +229,16 @@ def test_reward_model_learns_a_separable_task_and_reloads(init_dir, tmp_path, re
         with torch.no_grad():
             logits = plain(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits[:, 0]
         torch.testing.assert_close(logits, before, atol=1e-5, rtol=1e-5)
+
+
+def test_training_reports_the_share_of_pairs_cut_to_max_length(init_dir):
+    pairs = make_pairs(16, seed=2)  # (the reviewer's case: a window the responses alone fill loses the question)
+    cut = FAST.model_copy(update={"max_length": 8, "epochs": 1})
+    _, tok, metrics = train_reward_model(init_dir, pairs, cut, seed=0)
+    full = [len(q) + len(a) + 1 for q, a in zip(*(tok([format_query(tok, p) for p in pairs["prompt"]],
+                                                       add_special_tokens=False)["input_ids"],
+                                                   tok(pairs["chosen"].tolist(), add_special_tokens=False)["input_ids"]))]
+    assert min(full) > 8 and metrics["share_at_max_length"] == 1.0
 
 
 def test_training_is_deterministic_per_seed_and_differs_across_seeds(init_dir):

@@ -502,6 +502,8 @@ def train_reward_model(
         "accuracy": float(np.mean(epoch_acc)),
         **{name: float(np.mean(values)) for name, values in epoch_extra.items()},
         "logprob_weight": float(model.logprob_weight.item()),
+        # pairs with a row at max_length: cut from the left (their prompt's start lost), or exactly that long
+        "share_at_max_length": float((encoded.lengths() >= cfg.max_length).mean()),
         "steps": step,
         "seconds": time.perf_counter() - t0,
     }
