@@ -169,6 +169,11 @@ def stage(
                       f"NAME=ARTIFACT (e.g. --input vote=votes:<digest>); got {name} {' '.join(input_)}[/red]",
                       soft_wrap=True)
         raise typer.Exit(2)
+    names = [item.split("=", 1)[0] for item in input_]
+    if repeated := sorted({n for n in names if names.count(n) > 1}):  # the last one silently won before
+        console.print(f"[red]--input {', '.join(repeated)} given more than once: give each input once[/red]",
+                      soft_wrap=True)
+        raise typer.Exit(2)
     cfg = _load(config, set_)
     inputs = dict(item.split("=", 1) for item in input_)
     with user_errors():

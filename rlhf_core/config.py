@@ -81,6 +81,11 @@ UrlWithoutCredentials = Annotated[str | None, AfterValidator(no_credentials_in_u
                                   Field(json_schema_extra={"pattern": URL_SCHEMA_PATTERN})]
 
 
+# The shapes of common API keys (OpenAI sk-/sk-proj-, Anthropic sk-ant-, Groq gsk_, Hugging Face hf_, xAI xai-): no
+# config value is one, and every value goes to MLflow params, manifests and Prefect's run parameters
+KEY_SHAPE = re.compile(r"(?<![A-Za-z0-9])(?:sk|gsk|hf|xai)[-_][A-Za-z0-9_-]{16,}")
+
+
 def _number_field(annotation: Any) -> bool:
     """An int or float field (optional or not) that takes no bool."""
     if annotation in (int, float):
@@ -102,6 +107,10 @@ class StrictModel(BaseModel):
         if isinstance(value, bool) and _number_field(cls.model_fields[info.field_name].annotation):
             raise ValueError(f"{str(value).lower()} is not a number (YAML reads yes, no, on and off as true / false): "
                              "give a number")
+        if isinstance(value, str) and KEY_SHAPE.search(value):
+            raise ValueError("this looks like an API key, which no config value may hold (it would be logged as an "
+                             "MLflow param): give it through the environment (api_key_env) or a Prefect Secret block "
+                             "(secret_block); the value is not shown")
         return value
 
     @model_validator(mode="before")
@@ -1050,8 +1059,8 @@ def _format_errors(err: ValidationError, source: str, cls: type[BaseModel]) -> s
         elif e["loc"][-1] in SECRET_BEARING_KEYS:  # a key pasted here must not reach a log or the console
             lines.append(f"  {key}: {e['msg'].removeprefix('Value error, ')} (value not shown: give the NAME of the "
                          "variable or Secret block that holds the key)")
-        elif e["loc"][-1] in URL_KEYS:  # its message says why, without the URL
-            lines.append(f"  {key}: {e['msg'].removeprefix('Value error, ')}")
+        elif e["loc"][-1] in URL_KEYS or isinstance(e.get("input"), str) and KEY_SHAPE.search(e["input"]):
+            lines.append(f"  {key}: {e['msg'].removeprefix('Value error, ')}")  # its message says why, unshown
         else:
             got = e.get("input")
             got_s = repr(got) if not isinstance(got, dict) else "a mapping"

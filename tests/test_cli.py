@@ -26,6 +26,8 @@ def test_bad_override_and_unknown_stage(tmp_path):
     assert result.exit_code == 2 and "voting.n_models: Input should be greater than or equal to 2" in result.output
     result = runner.invoke(app, ["stage", "train_everything"])
     assert result.exit_code == 2 and "unknown stage 'train_everything'" in result.output
+    result = runner.invoke(app, ["stage", "denoise", "--input", "vote=votes:aa", "--input", "vote=votes:bb"])
+    assert result.exit_code == 2 and "--input vote given more than once" in result.output  # the last one won
 
 
 def test_validate_version_schema(tmp_path):

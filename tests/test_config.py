@@ -276,6 +276,15 @@ def test_settings_that_failed_only_stages_later_are_refused_when_the_config_is_r
     assert message in str(err.value)
 
 
+def test_a_key_pasted_into_any_config_value_is_refused_unshown():
+    """Only api_key_env and secret_block were checked: a key in the model name or a path was logged as a param."""
+    for item in ("evaluation.http.model=sk-proj-Pasted0A1B2C3D4E5F6G", "sampling.tagger.cache_file=hf_Pasted0A1B2C3D4E5F6"):
+        with pytest.raises(ConfigError, match="looks like an API key") as err:
+            load_config(None, overrides=[item])
+        assert "0A1B2C3D" not in str(err.value)
+    assert load_config(None, overrides=["name=ask-for-a-sketch"]).name == "ask-for-a-sketch"  # words are no keys
+
+
 def test_a_malformed_override_names_its_key_never_its_value():
     """`--set` items are typed on command lines: a key put in the wrong place must not come back in the error."""
     for item, shown in (("sk-proj-NoEquals0A1B", "(not shown"), ("evaluation.http.api_key_env", "'evaluation.http"),
