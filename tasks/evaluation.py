@@ -177,6 +177,9 @@ def evaluate(ctx: RunContext, cfg: EvalConfig, candidate: ArtifactRef, baseline:
     simulated = cfg.prompt_set == "world"  # gold (and the oracle as a second judge) only for the world's prompts
     # an opt-in set is read now: its prompts' digest joins the cache key (a package upgrade is a new stage run)
     prompts = None if simulated else load_prompt_set(cfg.prompt_set, cfg.prompt_source).iloc[: cfg.n_prompts]
+    if prompts is not None and len(prompts) < cfg.n_prompts:  # said, not silently fewer
+        _stage_logger().info("evaluation: the prompt set %s holds %d prompts, fewer than evaluation.n_prompts (%d): "
+                             "all of them are judged", cfg.prompt_set, len(prompts), cfg.n_prompts)
 
     def produce(out: Path, run: StageRun) -> dict[str, float]:
         judged = read_table("prompts", world.file("eval_prompts.parquet")) if simulated else prompts
