@@ -77,6 +77,16 @@ def no_key_as_block_name(name: str | None) -> str | None:
     return name
 
 
+def inside_the_workdir(path: str) -> str:
+    """A path relative to the workdir that stays in it (an absolute one, or one through .., wrote outside the
+    allowed roots)."""
+    if Path(path).is_absolute() or ".." in Path(path).parts:
+        raise ValueError(f"{path!r} must be a path relative to the workdir, inside it (no leading / nor ..)")
+    return path
+
+
+WorkdirFile = Annotated[str, AfterValidator(inside_the_workdir)]
+
 UrlWithoutCredentials = Annotated[str | None, AfterValidator(no_credentials_in_url),
                                   Field(json_schema_extra={"pattern": URL_SCHEMA_PATTERN})]
 
@@ -245,7 +255,7 @@ class TaggerConfig(StrictModel):
         description="llm: NAME of the environment variable holding the API key (never the key); "
         "None for a server that needs no key",
     )
-    cache_file: str = Field(
+    cache_file: WorkdirFile = Field(
         "cache/llm_tags.jsonl", description="llm: JSONL tag cache, relative to the workdir; re-runs pay only misses"
     )
 
@@ -866,7 +876,7 @@ class EvalConfig(StrictModel):
         "single-v1 prompt; the mean grade per model with a bootstrap 95 % interval")
     grading_template_version: Literal["single-v1"] = Field(
         "single-v1", description="the grading prompt's version (MT-Bench single-v1); part of the grade cache key")
-    cache_file: str = Field("cache/judgements.sqlite", description="http/local: SQLite judgement cache, relative "
+    cache_file: WorkdirFile = Field("cache/judgements.sqlite", description="http/local: SQLite judgement cache, relative "
                             "to the workdir; a re-run sends no request twice")
     bootstrap_samples: int = Field(1000, ge=100, description="bootstrap resamples for the 95 % intervals")
     http: HTTPJudgeConfig = Field(HTTPJudgeConfig(), description="judge http: the OpenAI-compatible server")

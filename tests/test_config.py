@@ -269,6 +269,8 @@ def test_judged_prompts_are_bounded_by_the_worlds_held_out_prompts_only_when_the
     (["reward.train.meta.enabled=true", "reward.train.meta.samples_per_prompt=6"],
      "reward.train.meta.samples_per_prompt (6) exceeds the 4 distinct responses per prompt"),
     (["generation.backend=vllm", "generation.num_processes=2"], "generation.backend 'vllm' runs in one process"),
+    (["evaluation.cache_file=/tmp/j.sqlite"], "must be a path relative to the workdir"),  # written outside the roots
+    (["sampling.tagger.cache_file=../tags.jsonl"], "must be a path relative to the workdir"),
 ])
 def test_settings_that_failed_only_stages_later_are_refused_when_the_config_is_read(overrides, message):
     with pytest.raises(ConfigError) as err:
