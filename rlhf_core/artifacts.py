@@ -118,9 +118,29 @@ def cache_key(stage: str, stage_version: str, config_digest: str, input_digests:
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
+def umask() -> int:
+    """This process's umask, read without changing it (Linux: /proc; elsewhere the common 022)."""
+    try:
+        line = next(x for x in Path("/proc/self/status").read_text().splitlines() if x.startswith("Umask:"))
+        return int(line.split()[1], 8)
+    except (OSError, StopIteration, ValueError):
+        return 0o022
+
+
+def as_plainly_created(root: Path) -> None:
+    """Give every file under `root` (and `root` itself when a file) the mode a plain open() would: a temp file
+    (mkstemp, as safetensors and our atomic writes use) is 0600, so a team's other accounts (a Prefect worker, an
+    MLflow server) could not read a committed model's weights."""
+    mode = 0o666 & ~umask()
+    for path in [root, *root.rglob("*")] if root.is_dir() else [root]:
+        if path.is_file() and not path.is_symlink() and (path.stat().st_mode & 0o777) != mode:
+            os.chmod(path, mode)
+
+
 def atomic_write(path: str | Path, write: Callable[[BinaryIO], None]) -> None:
     """Write a file so that readers see either the old content or the whole new one:
-    `write` fills a temp file in the same directory, which is fsynced and renamed over `path`."""
+    `write` fills a temp file in the same directory, which is fsynced and renamed over `path` (with the mode a
+    plain open() gives, not the temp file's 0600)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
@@ -129,6 +149,7 @@ def atomic_write(path: str | Path, write: Callable[[BinaryIO], None]) -> None:
             write(f)
             f.flush()
             os.fsync(f.fileno())
+        as_plainly_created(Path(tmp))
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -227,6 +248,7 @@ class ArtifactStore:
             created_at=time.time(),
         )
         (staged / MANIFEST).write_text(manifest.model_dump_json(indent=2))
+        as_plainly_created(staged)  # readable by the team as any file they write (safetensors writes 0600)
         fsync_tree(staged)  # on disk before the cache entry points at it, even across a power loss
         target = self.root / kind / digest
         target.parent.mkdir(parents=True, exist_ok=True)

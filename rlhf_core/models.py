@@ -1,7 +1,9 @@
 """Loading, building and saving models as Hugging Face directories (safetensors).
 
 Every model this project writes reloads with plain transformers
-(`AutoModelForCausalLM` / `AutoModelForSequenceClassification` / `AutoTokenizer`).
+(`AutoModelForCausalLM` / `AutoModelForSequenceClassification` / `AutoTokenizer`). A reward model whose
+tokenizer's pad is its eos (SmolLM2) scores differently there: plain transformers reads the last token before
+the eos it takes for padding, the pipeline the eos itself (docs/real-model.md).
 """
 
 from __future__ import annotations

@@ -184,6 +184,10 @@ def evaluate(ctx: RunContext, cfg: EvalConfig, candidate: ArtifactRef, baseline:
     def produce(out: Path, run: StageRun) -> dict[str, float]:
         judged = read_table("prompts", world.file("eval_prompts.parquet")) if simulated else prompts
         tokenizer = models.load_tokenizer(candidate.path)
+        if models.load_tokenizer(baseline.path).get_vocab() != tokenizer.get_vocab():  # both sample with this one
+            raise ValueError(f"the new policy and {baseline_name} have different tokenizers (another model family, "
+                             "e.g. a champion registered by a round of another config on a shared tracking server): "
+                             "compare policies of one base model")
         device = models.default_device()  # both policies sample there (the GPU when one is present)
         judge = make_judge(cfg, ctx.workdir)
         llm = cfg.judge != "oracle"

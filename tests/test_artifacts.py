@@ -34,6 +34,28 @@ def test_digest_covers_every_byte_and_path(tmp_path):
     assert content_digest(a)[0] == d3  # stable
 
 
+def test_committed_files_and_atomic_writes_have_a_plain_files_mode(tmp_path):
+    """A temp file is 0600 (mkstemp: safetensors' weights and our atomic writes): a team's other accounts could not
+    read a committed model. Committed and atomically written files get what open() gives under the umask."""
+    import tempfile
+
+    from rlhf_core.artifacts import umask
+
+    plain = 0o666 & ~umask()
+    store = ArtifactStore(tmp_path / "store")
+    with store.staging() as staged:
+        fd, weights = tempfile.mkstemp(dir=staged)  # as safetensors writes model.safetensors
+        os.write(fd, b"w")
+        os.close(fd)
+        (staged / "sub").mkdir()
+        atomic_write_text(staged / "sub" / "table.json", "{}")
+        ref = _commit(store, staged)
+    modes = {p.relative_to(ref.path).as_posix(): p.stat().st_mode & 0o777 for p in Path(ref.path).rglob("*")
+             if p.is_file()}
+    assert modes == {Path(weights).name: plain, "sub/table.json": plain, "manifest.json": plain}
+    assert plain != 0o600 and store.verify(ref)
+
+
 def test_commit_lookup_verify_lineage(tmp_path):
     store = ArtifactStore(tmp_path / "store")
     with store.staging() as staged:
