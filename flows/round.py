@@ -348,7 +348,7 @@ def _run_stages(config: RoundConfig, stop_after: StageName | None, round_no: int
                                                    out["world"], config.reward.train, seed, baseline_name="previous")
             stop = stop_reason(ctx, config.iteration, out["evaluate_vs_previous"])
         if (judged := evaluation_against_champion(ctx, config, out, seed)) is not None:
-            promotion = promote(ctx, config.iteration, out["ppo"], *judged)
+            promotion = promote(ctx, config.iteration, out["ppo"], *judged)  # (evaluation, against, champion then)
         else:
             promotion = {"promoted": False, "reason": "the round's policy already is the champion"}
         return finish_round(ctx, out, {"promotion": promotion, "stop": stop})

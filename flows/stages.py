@@ -172,7 +172,8 @@ def rlhf_stage(stage: HeavyStageName = "denoise", inputs: dict[str, str] | None 
     if missing := [name for name in HEAVY_STAGES[stage].inputs_for(config) if name not in refs]:
         get_run_logger().info("stage %s: inputs %s from the round (its cache)", stage, ", ".join(missing))
         refs |= round_inputs(missing, config)
-    with lock_workdir(config.workdir, note=flow_runs_note()) as left_by_killed:
+    # between two rounds of an rlhf-rounds series the workdir is the series': its next round would fail on this lock
+    with lock_workdir(config.workdir, note=flow_runs_note(), yield_to_series=True) as left_by_killed:
         gone = [f"{name} ({ref.kind}:{ref.digest[:12]})" for name, ref in refs.items() if not Path(ref.path).is_dir()]
         if gone:  # checked before the lock was taken
             raise ConfigError(f"inputs: {', '.join(gone)} left the store after they were checked (`rlhf gc`, or "

@@ -109,6 +109,19 @@ def reward_model_from_policy(policy_path: str | Path, seed: int = 0) -> torch.nn
     return model
 
 
+ARCHITECTURE_KEYS = ("model_type", "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+                     "num_key_value_heads", "intermediate_size")
+
+
+def architecture_differences(a: str | Path, b: str | Path) -> list[str]:
+    """"key: A vs B" for each architecture field (config.json) in which two model directories differ: models of
+    another family or size, which one round cannot use in place of the other."""
+    import json
+
+    ca, cb = (json.loads((Path(d) / "config.json").read_text()) for d in (a, b))
+    return [f"{k}: {ca.get(k)} vs {cb.get(k)}" for k in ARCHITECTURE_KEYS if ca.get(k) != cb.get(k)]
+
+
 def classification_head(model: torch.nn.Module) -> torch.nn.Linear:
     """The scalar head of a `*ForSequenceClassification`: `score` on decoders (Qwen2, Llama), `classifier`
     on encoders (BERT family)."""

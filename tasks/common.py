@@ -431,8 +431,11 @@ def run_stage(
     except BaseException as err:
         tracker.end_run(run_id, status="FAILED")
         # a damaged input fails as "Parquet magic bytes not found" or "Corrupt snappy data", naming nothing
+        # (only the store's own artifacts: a registry download has no manifest, and is no damaged artifact)
         if isinstance(err, Exception) and (damaged := {name: problems for name, ref in inputs.items()
-                                                       if (problems := store.damage(ref))}):
+                                                       if Path(ref.path).resolve().parent.parent
+                                                       == store.root.resolve()
+                                                       and (problems := store.damage(ref))}):
             raise DamagedArtifactError(damaged_message(inputs, damaged, ctx.workdir)) from err
         raise
 

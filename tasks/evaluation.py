@@ -261,7 +261,10 @@ def registered_policy(ctx: RunContext, name: str, alias: str) -> ArtifactRef:
     if digest and (ctx.store.root / "policy" / digest).is_dir():
         return ctx.store.find("policy", digest)
     target = Path(ctx.workdir) / "registry" / name / str(version.version)
-    if not (target / "config.json").is_file():  # renamed into place whole; `rlhf gc` renames it away to delete it
+    # a folder of this version number is this version's only when its content is (numbers restart at 1 after the
+    # registered model is deleted, or on another tracking store): else it is downloaded again
+    stale = (target / "config.json").is_file() and digest and content_digest(target)[0] != digest
+    if stale or not (target / "config.json").is_file():  # renamed into place whole; gc renames it away to delete it
         shutil.rmtree(target, ignore_errors=True)  # what an older gc's deletion, killed half-way, left
         # where the files are: a `models:/<model_id>` source resolves only through MLflow's process-wide URI
         files = client.get_model_version_download_uri(name, version.version)

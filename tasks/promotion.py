@@ -16,7 +16,8 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from rlhf_core.artifacts import ArtifactRef
-from rlhf_core.config import IterationConfig, RoundConfig
+from rlhf_core.config import ConfigError, IterationConfig, RoundConfig
+from rlhf_core.models import architecture_differences
 from tasks.common import RunContext, _stage_logger
 from tasks.evaluation import evaluate_vs_registered, registered_policy
 
@@ -37,7 +38,13 @@ def starting_policy(ctx: RunContext, cfg: IterationConfig, sft: ArtifactRef,
         return previous, "previous_round"
     if cfg.start_from == CHAMPION:
         if ctx.tracker.aliased_version(POLICY_MODEL, CHAMPION) is not None:
-            return registered_policy(ctx, POLICY_MODEL, CHAMPION), CHAMPION
+            champion = registered_policy(ctx, POLICY_MODEL, CHAMPION)
+            if differences := architecture_differences(champion.path, sft.path):  # one alias per tracking server
+                raise ConfigError(
+                    f"iteration.start_from is champion, but {POLICY_MODEL}@{CHAMPION} is another model than this "
+                    f"config's SFT policy ({'; '.join(differences)}): a round of another config promoted it on this "
+                    "tracking server. Give this config a tracking server of its own, or set iteration.start_from sft")
+            return champion, CHAMPION
         _stage_logger().warning("iteration.start_from is champion, and no policy is %s@%s yet: the round starts from SFT",
                           POLICY_MODEL, CHAMPION)
     return sft, "sft"
@@ -79,24 +86,25 @@ def tag_registered_policy(ctx: RunContext, policy: ArtifactRef, tags: dict[str, 
 
 
 def evaluation_against_champion(ctx: RunContext, config: RoundConfig, outputs: dict[str, ArtifactRef],
-                                seed: int) -> tuple[ArtifactRef, str] | None:
-    """The evaluation that decides promotion and what it judged against: the SFT evaluation while no
-    champion is registered; else one of the round's evaluations whose baseline is the champion, or a new
-    one (stage evaluate_vs_champion, added to `outputs`). None when the candidate already is the champion."""
+                                seed: int) -> tuple[ArtifactRef, str, str | None] | None:
+    """The evaluation that decides promotion, what it judged against, and the champion's version then (None: no
+    champion): the SFT evaluation while no champion is registered; else one of the round's evaluations whose
+    baseline is the champion, or a new one (stage evaluate_vs_champion, added to `outputs`). None when the
+    candidate already is the champion."""
     champion = ctx.tracker.aliased_version(POLICY_MODEL, CHAMPION)
     if champion is None:
-        return outputs["evaluate"], "the SFT policy (no champion yet)"
+        return outputs["evaluate"], "the SFT policy (no champion yet)", None
     against = f"{POLICY_MODEL} v{champion.version} (champion)"
     digest = champion.tags.get("rlhf.digest")
     if digest == outputs["ppo"].digest:
         return None
     for ref in (outputs.get("evaluate"), outputs.get("evaluate_vs_previous")):
         if ref is not None and _baseline_digest(ctx, ref) == digest:
-            return ref, against
+            return ref, against, str(champion.version)
     outputs["evaluate_vs_champion"] = evaluate_vs_registered(
         ctx, config.evaluation, outputs["ppo"], POLICY_MODEL, CHAMPION, outputs["reward"], outputs["world"],
         config.reward.train, seed)
-    return outputs["evaluate_vs_champion"], against
+    return outputs["evaluate_vs_champion"], against, str(champion.version)
 
 
 def _baseline_digest(ctx: RunContext, evaluation: ArtifactRef) -> str | None:
@@ -105,9 +113,10 @@ def _baseline_digest(ctx: RunContext, evaluation: ArtifactRef) -> str | None:
 
 @task(name="promote", cache_policy=NO_CACHE)
 def promote(ctx: RunContext, cfg: IterationConfig, candidate: ArtifactRef, evaluation: ArtifactRef,
-            against: str) -> dict[str, Any]:
+            against: str, champion_version: str | None = None) -> dict[str, Any]:
     """rlhf-policy@champion moves to the candidate when its judged win rate against `against` is above
-    iteration.promote_min_win_rate; the decision and its numbers go to the round's MLflow run."""
+    iteration.promote_min_win_rate, and the champion is still `champion_version` (the one judged against; None:
+    there was none); the decision and its numbers go to the round's MLflow run."""
     tracker = ctx.tracker
     version = tracker.model_version(POLICY_MODEL, candidate.digest)
     if version is None:
@@ -119,6 +128,12 @@ def promote(ctx: RunContext, cfg: IterationConfig, candidate: ArtifactRef, evalu
     reason = (f"{POLICY_MODEL} v{version.version} {verdict}: judged win rate {win_rate:.3f} (a tie half a win) "
               f"against {against} {'>' if promoted else '<='} iteration.promote_min_win_rate "
               f"{cfg.promote_min_win_rate}")
+    now = tracker.aliased_version(POLICY_MODEL, CHAMPION)  # judging took minutes; another round may have promoted
+    if promoted and (None if now is None else str(now.version)) != champion_version:
+        promoted, verdict = False, "not promoted"
+        reason = (f"{POLICY_MODEL} v{version.version} not promoted: it won against {against} (judged win rate "
+                  f"{win_rate:.3f}), but the champion is now v{now.version if now else '(none)'}, which it was not "
+                  "judged against (another round promoted it meanwhile); the next round judges against it")
     if promoted:
         tracker.set_alias(POLICY_MODEL, CHAMPION, version.version)
         tracker.tag_model_version(POLICY_MODEL, version.version, {"rlhf.promotion": reason})

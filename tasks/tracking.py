@@ -312,8 +312,9 @@ class Tracker:
         `mlflow.pyfunc.load_model("models:/<name>@<alias>")` and `mlflow models serve` work on it (rlhf_core.serving).
 
         A digest (tags["rlhf.digest"]) is registered once: when `name` already has a version for it (a cache
-        hit, a re-run after a kill), the run links to that version's logged model and the version gets the alias.
-        """
+        hit, a re-run after a kill), the run links to that version's logged model, and the version gets the alias
+        only when no version holds it: a cached re-run of an old config does not move `candidate` back to its old
+        model (`candidate` is the version a stage last trained)."""
         try:
             self.client.get_registered_model(name)
         except mlflow.exceptions.MlflowException:
@@ -337,6 +338,8 @@ class Tracker:
                     # registered before models were pyfuncs (2026-11-29): the version a cache hit reuses gets one
                     self._add_pyfunc(model_id, run_id, name, pyfunc)
             self.log_metrics(run_id, metrics)
+            if self.aliased_version(name, alias) is not None:
+                return int(version.version)
         self.client.set_registered_model_alias(name, alias, version.version)
         return int(version.version)
 

@@ -106,3 +106,49 @@ def test_a_round_started_from_the_champion_trains_from_and_is_judged_against_tha
     # judged against the champion it started from
     assert _inputs(workdir, from_champion, "evaluate_vs_champion")["baseline"] == champion_digest
     assert "against rlhf-policy v1 (champion)" in from_champion["promotion"]["reason"]
+
+
+def test_a_champion_that_moved_while_the_round_was_judged_is_not_replaced(tmp_path):
+    """Two rounds (other workdirs, other pods) judged against v1 for minutes; the first promoted. The second was
+    promoted over it before, never compared with it."""
+    from rlhf_core.artifacts import ArtifactRef
+    from rlhf_core.config import IterationConfig
+    from tasks.common import RunContext
+    from tasks.promotion import promote
+
+    ctx = RunContext(workdir=str(tmp_path), tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}", experiment="e",
+                     parent_run_id="", round_name="r")
+    ctx = ctx.model_copy(update={"parent_run_id": ctx.tracker.start_run("r", {})})
+    client = ctx.tracker.client
+    client.create_registered_model("rlhf-policy")
+    for digest in ("v1", "v2", "ours"):
+        client.create_model_version("rlhf-policy", source=str(tmp_path), tags={"rlhf.digest": digest})
+    client.set_registered_model_alias("rlhf-policy", "champion", "2")  # promoted by another round meanwhile
+    with ctx.store.staging() as staged:
+        (staged / "judgements.txt").write_text("won")
+        evaluation = ctx.store.commit(staged, kind="evaluation", stage="evaluate", stage_version="1", code_version="t",
+                                      config={}, config_digest="c", inputs={}, cache_key="k",
+                                      metrics={"eval/judge/win_rate": 0.9, "eval/judge/tie_rate": 0.0})
+    ours = ArtifactRef(kind="policy", digest="ours", path=str(tmp_path))
+    rule = IterationConfig(promote_min_win_rate=0.5)
+    result = promote.fn(ctx, rule, ours, evaluation, "rlhf-policy v1 (champion)", "1")
+    assert result["promoted"] is False and "the champion is now v2, which it was not judged against" in result["reason"]
+    assert client.get_registered_model("rlhf-policy").aliases == {"champion": 2}
+    result = promote.fn(ctx, rule, ours, evaluation, "rlhf-policy v2 (champion)", "2")  # judged against v2: it wins
+    assert result["promoted"] is True and client.get_registered_model("rlhf-policy").aliases == {"champion": 3}
+
+
+def test_a_champion_of_another_model_is_named_by_what_differs(tmp_path):
+    """The champion alias is one per tracking server: a mini config's 1-layer policy became the demo world's start
+    (or a SmolLM2 candidate was judged against a byte-tokenizer champion)."""
+    import json
+
+    from rlhf_core.models import architecture_differences
+
+    for name, layers, width in (("demo", 2, 64), ("mini", 1, 32), ("same", 2, 64)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.json").write_text(json.dumps(
+            {"model_type": "qwen2", "vocab_size": 259, "num_hidden_layers": layers, "hidden_size": width}))
+    assert architecture_differences(tmp_path / "mini", tmp_path / "demo") == ["hidden_size: 32 vs 64",
+                                                                              "num_hidden_layers: 1 vs 2"]
+    assert architecture_differences(tmp_path / "same", tmp_path / "demo") == []
