@@ -152,3 +152,52 @@ def test_a_champion_of_another_model_is_named_by_what_differs(tmp_path):
     assert architecture_differences(tmp_path / "mini", tmp_path / "demo") == ["hidden_size: 32 vs 64",
                                                                               "num_hidden_layers: 1 vs 2"]
     assert architecture_differences(tmp_path / "same", tmp_path / "demo") == []
+
+
+def _context(tmp_path):
+    from tasks.common import RunContext
+
+    ctx = RunContext(workdir=str(tmp_path), tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}", experiment="e",
+                     parent_run_id="", round_name="r")
+    return ctx.model_copy(update={"parent_run_id": ctx.tracker.start_run("r", {})})
+
+
+def test_a_registry_download_of_another_model_under_the_same_version_number_is_downloaded_again(tmp_path):
+    """Version numbers restart at 1 after a registered model is deleted: the folder of an earlier rlhf-policy/1 was
+    used as today's champion."""
+    from rlhf_core.artifacts import content_digest
+    from tasks.evaluation import registered_policy
+
+    ctx = _context(tmp_path)
+    new = tmp_path / "new_model"
+    new.mkdir()
+    (new / "config.json").write_text('{"new": 1}')
+    client = ctx.tracker.client
+    client.create_registered_model("rlhf-policy")
+    version = client.create_model_version("rlhf-policy", source=str(new), tags={"rlhf.digest": content_digest(new)[0]})
+    client.set_registered_model_alias("rlhf-policy", "champion", version.version)
+    old = tmp_path / "registry" / "rlhf-policy" / "1"
+    old.mkdir(parents=True)
+    (old / "config.json").write_text('{"old": 1}')
+    ref = registered_policy(ctx, "rlhf-policy", "champion")
+    assert ref.digest == version.tags["rlhf.digest"] and (Path(ref.path) / "config.json").read_text() == '{"new": 1}'
+
+
+def test_a_stage_failing_on_a_registry_download_is_not_called_a_damaged_artifact(tmp_path):
+    """A download has no manifest: any failure of a stage reading it was reported as a damaged input, with a
+    `rlhf verify --remove` that never touches registry/ (the same error on every retry)."""
+    from rlhf_core.artifacts import ArtifactRef, content_digest
+    from tasks.common import run_stage
+
+    ctx = _context(tmp_path)
+    download = tmp_path / "registry" / "rlhf-policy" / "3"
+    download.mkdir(parents=True)
+    (download / "config.json").write_text("{}")
+    baseline = ArtifactRef(kind="policy", digest=content_digest(download)[0], path=str(download))
+
+    def produce(out, run):
+        raise ConnectionError("judge server refused the connection")
+
+    with pytest.raises(ConnectionError, match="judge server refused"):
+        run_stage(ctx, stage="evaluate_vs_champion", version="3", kind="judgements", config={},
+                  inputs={"baseline": baseline}, produce=produce)
