@@ -7,8 +7,8 @@ its own prompting, parsing and caching.
   machine only (plain http to another host is refused). It is kept private, never in repr, and scrubbed ("***")
   from every error message and reply text, in case a server echoes it.
 - Retries on I/O only: HTTP 429, 5xx, connection errors and timeouts, and a 200 answer without reply text (a
-  proxy's error page, a cut-off body), with exponential backoff (backoff_s, 2 × backoff_s, ...); a Retry-After header in seconds replaces the backoff, capped at
-  MAX_RETRY_AFTER_S. Other 4xx fail at once: a wrong model name or key will not get better by asking again.
+  proxy's error page, a cut-off body), with exponential backoff (backoff_s, 2 × backoff_s, ...); a Retry-After
+  header in seconds replaces the backoff, capped at MAX_RETRY_AFTER_S. Other 4xx fail at once: a wrong model name or key will not get better by asking again.
 - Error messages quote the server's own message (error.message of an OpenAI-style body).
 - Each 200 reply's `usage` gives its prompt and completion token counts.
 """

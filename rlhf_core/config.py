@@ -876,8 +876,8 @@ class EvalConfig(StrictModel):
         "single-v1 prompt; the mean grade per model with a bootstrap 95 % interval")
     grading_template_version: Literal["single-v1"] = Field(
         "single-v1", description="the grading prompt's version (MT-Bench single-v1); part of the grade cache key")
-    cache_file: WorkdirFile = Field("cache/judgements.sqlite", description="http/local: SQLite judgement cache, relative "
-                            "to the workdir; a re-run sends no request twice")
+    cache_file: WorkdirFile = Field("cache/judgements.sqlite", description="http/local: SQLite judgement cache, "
+                                    "relative to the workdir; a re-run sends no request twice")
     bootstrap_samples: int = Field(1000, ge=100, description="bootstrap resamples for the 95 % intervals")
     http: HTTPJudgeConfig = Field(HTTPJudgeConfig(), description="judge http: the OpenAI-compatible server")
     local: LocalJudgeConfig = Field(LocalJudgeConfig(), description="judge local: the transformers model")

@@ -2,8 +2,9 @@
 
 - Temperature 0; the MT-Bench pairwise prompt (`prompt.py`); the verdict parsed strictly, with fallbacks.
 - Requests through `rlhf_core.chat_completions`: retries with exponential backoff on HTTP 429, 5xx,
-  connection errors, timeouts and 200 answers without reply text (never cached: a re-run asks again), a Retry-After header (seconds) honoured, capped; other 4xx fail at
-  once: a wrong model name or key will not get better by asking again.
+  connection errors, timeouts and 200 answers without reply text (never cached: a re-run asks again), a
+  Retry-After header (seconds) honoured, capped; other 4xx fail at once: a wrong model name or key will not get
+  better by asking again.
 - The API key is given at construction (the tasks layer reads it from an environment variable or a
   Prefect Secret block); it is kept private, never in repr, a cache entry or an error message.
 - Token counts from each reply's `usage`, priced per 1k tokens into `cost_usd`.
