@@ -96,7 +96,7 @@ def test_a_directory_export_a_file_workdir_a_non_utf8_config_and_a_one_response_
         load_config(utf16)
     one = {"generation": {"generators": [{"name": "policy", "model": "policy",
                                           "strategies": [{"name": "greedy", "temperature": 0.0, "n": 1}]}]}}
-    with pytest.raises(ConfigError, match="the plan gives 1 response per prompt"):
+    with pytest.raises(ConfigError, match="the plan gives at most 1 distinct response per prompt"):
         parse_config(one)
     assert parse_config(one | {"annotation": {"exports": ["data/ok.json"]}})  # pairs come from the exports
 
