@@ -212,7 +212,7 @@ def check_chat_servers(config: RoundConfig) -> None:
     if config.sampling.tagger.source == "llm":
         tagger = config.sampling.tagger
         check_chat_server(tagger.base_url, "sampling.tagger.base_url")
-        _check_key("sampling.tagger", f"{tagger.base_url}/chat/completions",
+        _check_key("sampling.tagger", tagger.base_url,
                    LLMTagger(tagger.base_url, tagger.model, api_key_env=tagger.api_key_env).api_key)
 
 

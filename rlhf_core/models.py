@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import importlib.util
+import json
 import os
 import shutil
 import tempfile
@@ -116,8 +117,6 @@ ARCHITECTURE_KEYS = ("model_type", "vocab_size", "hidden_size", "num_hidden_laye
 def architecture_differences(a: str | Path, b: str | Path) -> list[str]:
     """"key: A vs B" for each architecture field (config.json) in which two model directories differ: models of
     another family or size, which one round cannot use in place of the other."""
-    import json
-
     ca, cb = (json.loads((Path(d) / "config.json").read_text()) for d in (a, b))
     return [f"{k}: {ca.get(k)} vs {cb.get(k)}" for k in ARCHITECTURE_KEYS if ca.get(k) != cb.get(k)]
 

@@ -263,8 +263,8 @@ def registered_policy(ctx: RunContext, name: str, alias: str) -> ArtifactRef:
     target = Path(ctx.workdir) / "registry" / name / str(version.version)
     # a folder of this version number is this version's only when its content is (numbers restart at 1 after the
     # registered model is deleted, or on another tracking store): else it is downloaded again
-    stale = (target / "config.json").is_file() and digest and content_digest(target)[0] != digest
-    if stale or not (target / "config.json").is_file():  # renamed into place whole; gc renames it away to delete it
+    held = content_digest(target)[0] if (target / "config.json").is_file() else None  # renamed into place whole
+    if held is None or digest and held != digest:  # (gc renames a download away to delete it)
         shutil.rmtree(target, ignore_errors=True)  # what an older gc's deletion, killed half-way, left
         # where the files are: a `models:/<model_id>` source resolves only through MLflow's process-wide URI
         files = client.get_model_version_download_uri(name, version.version)
@@ -276,8 +276,9 @@ def registered_policy(ctx: RunContext, name: str, alias: str) -> ArtifactRef:
             shutil.rmtree(local / extra) if (local / extra).is_dir() else (local / extra).unlink(missing_ok=True)
         local.rename(target)
         shutil.rmtree(scratch, ignore_errors=True)
+        held = content_digest(target)[0]
     os.utime(target)  # a use: `rlhf gc` removes the downloads no round used in its --keep-days
-    return ArtifactRef(kind="policy", digest=content_digest(target)[0], path=str(target))
+    return ArtifactRef(kind="policy", digest=held, path=str(target))  # its files hashed once per use
 
 
 @task(name="evaluate_vs_registered", version=VERSION, cache_policy=NO_CACHE)
