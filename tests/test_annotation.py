@@ -67,6 +67,32 @@ def test_import_accepts_and_quarantines_with_reasons():
     assert by_id.loc["t2", "chosen"] == "five" and report["n_pairs"] == 2
 
 
+def test_majority_gives_each_annotator_one_vote_per_pair_in_either_order():
+    """Annotator 7 saw r1 vs r2 twice (as r1|r2 and as r2|r1) and preferred r1 both times; annotator 8 preferred
+    r2: one vote each, a tie, no comparison. Annotator 9 splits their own two labels: no vote."""
+    export = [
+        _task(1, "r1", "r2", "p1", [_ann(1, 7, "left"), _ann(2, 8, "right"), _ann(3, 9, "left")]),
+        _task(2, "r2", "r1", "p1", [_ann(4, 7, "right"), _ann(5, 9, "left")]),
+    ]
+    annotations, quarantine = import_label_studio(export, RESPONSES)
+    assert len(annotations) == 5 and len(quarantine) == 0
+    comparisons, report = aggregate_majority(annotations, RESPONSES)
+    assert len(comparisons) == 0 and report["tied_tasks"] == 1
+
+    export[1]["annotations"].append(_ann(6, 10, "right"))  # a third voter for r1 breaks the tie
+    comparisons, report = aggregate_majority(import_label_studio(export, RESPONSES)[0], RESPONSES)
+    assert comparisons[["chosen_id", "rejected_id", "n_labels"]].values.tolist() == [["r1", "r2", 3]]
+    assert comparisons["label_agreement"].item() == pytest.approx(2 / 3) and report["tied_tasks"] == 0
+
+
+def test_an_unknown_response_id_is_quoted_and_a_near_miss_named():
+    export = [_task(1, "r1 ", "r2", "p1", [_ann(1, 7)]), _task(2, "r4", "r1", "p2", [_ann(2, 7)])]
+    _, quarantine = import_label_studio(export, RESPONSES)
+    assert quarantine["detail"].tolist() == [
+        "response id 'r1 ' is not in the responses artifact (the artifact has 'r1': the export changed its spaces "
+        "or Unicode form)", "response 'r1' belongs to prompt 'p1', not 'p2'"]
+
+
 def test_read_export_errors_are_actionable(tmp_path):
     bad = tmp_path / "x.json"
     bad.write_text('[{"id": 1,}')

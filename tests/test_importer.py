@@ -6,6 +6,7 @@ import pandas as pd
 import pytest
 
 from rlhf_core.annotation.importer import detect_file_format, import_files
+from rlhf_core.annotation.label_studio import ImportFormatError
 from rlhf_core.config import AnnotationConfig, DenoiseConfig
 from rlhf_core.reward.denoise import denoise
 
@@ -108,6 +109,13 @@ def test_detect_file_format(tmp_path):
         detect_file_format(tmp_path / "x.txt")
 
 
+def test_an_empty_jsonl_export_is_named_empty(tmp_path):
+    for content in (b"", b"\n\n", b"\xef\xbb\xbf\n"):  # nothing, blank lines, a byte-order mark
+        (tmp_path / "week3.jsonl").write_bytes(content)
+        with pytest.raises(ImportFormatError, match="the file has no rows"):
+            detect_file_format(tmp_path / "week3.jsonl")
+
+
 def _pairwise(tid, pid, a, b, votes, task_id=None):
     """A Label Studio pairwise task; `votes`: (annotator, "left" | "right"); no data.task_id unless given."""
     data = {"prompt_id": pid, "answer1_id": a, "answer2_id": b} | ({"task_id": task_id} if task_id else {})
@@ -150,6 +158,22 @@ def test_a_pair_shown_in_both_orders_is_one_pair_with_every_vote(tmp_path):
     one = import_files([_write(tmp_path / "one.json", [_pairwise(1, "p1", "r1", "r2", [(1, "left")],
                                                                  task_id="t1")])], RESPONSES, AnnotationConfig())
     assert one.comparisons["pair_id"].tolist() == ["t1"]  # a pair one task showed keeps the task's id
+
+
+@pytest.mark.parametrize("scores_prefer", ["r1", "r2"])
+def test_a_pair_judged_pairwise_and_by_scores_is_one_pair_the_pairwise_one(tmp_path, scores_prefer):
+    """p1's r1 | r2 judged pairwise (r2 preferred, in two tasks or one) and rated by another annotator. Before, the
+    scored pair was dropped without a word when the scores disagreed, and kept as a second copy when they agreed."""
+    ratings = {"r1": 5, "r2": 1} if scores_prefer == "r1" else {"r1": 1, "r2": 5}
+    rated = [_rating(10 + i, "p1", rid, [(9, ratings[rid])]) for i, rid in enumerate(("r1", "r2"))]
+    for tasks in ([_pairwise(1, "p1", "r1", "r2", [(1, "right")], task_id="t1")],
+                  [_pairwise(1, "p1", "r1", "r2", [(1, "right")], task_id="t1"),
+                   _pairwise(2, "p1", "r2", "r1", [(2, "left")], task_id="t2")]):
+        result = import_files([_write(tmp_path / "mixed.json", tasks + rated)], RESPONSES, AnnotationConfig())
+        assert _pairs(result) == {("r2", "r1"): len(tasks)}
+        assert result.comparisons["source"].tolist() == ["label_studio"]
+        assert result.report["pairs_from_two_sources"] == 1
+        assert result.report["pairs_from_two_sources_disagreeing"] == (scores_prefer == "r1")
 
 
 def test_one_user_exported_as_an_id_or_as_an_object_is_one_annotator(tmp_path):

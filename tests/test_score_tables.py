@@ -139,6 +139,23 @@ def test_whole_file_problems_raise_actionable_errors(tmp_path):
     with pytest.raises(ImportFormatError, match="broken gzip"):
         import_score_table(broken_gz, RESPONSES)
     assert detect_table_format("x.JSON") == "jsonl" and detect_table_format("x.parquet") == "parquet"
+    rankings = tmp_path / "f.csv"  # passed the header check, then every row was "not a list of response ids"
+    rankings.write_text('prompt_id,ranking\np1,"[""r1"", ""r2""]"\n')
+    with pytest.raises(ImportFormatError, match="a CSV cannot hold rankings"):
+        import_score_table(rankings, RESPONSES)
+
+
+def test_annotator_7_is_7_from_csv_parquet_and_jsonl(tmp_path):
+    """pandas writes an integer column with a gap as floats: 7.0 in Parquet and JSONL, the text "7.0" in a CSV."""
+    frame = pd.DataFrame({"prompt_id": ["p1", "p1"], "response_id": ["r1", "r2"], "score": [1.0, 2.0],
+                          "annotator": [7, None]})
+    frame.to_csv(tmp_path / "s.csv", index=False)
+    frame.to_parquet(tmp_path / "s.parquet")
+    frame.to_json(tmp_path / "s.jsonl", orient="records", lines=True)
+    assert "7.0" in (tmp_path / "s.csv").read_text()
+    for name in ("s.csv", "s.parquet", "s.jsonl"):
+        scores, _ = import_score_table(tmp_path / name, RESPONSES)
+        assert scores["annotator"].tolist()[0] == "7", name
 
 
 def test_byte_order_marks_are_not_errors(tmp_path):

@@ -56,6 +56,8 @@ def test_split_rejects_bad_dialogues():
         split_hh_dialogue("\n\nHuman: hi", "\n\nHuman: hi")
     with pytest.raises(ValueError, match="does not start with the chosen prompt"):
         split_hh_dialogue(dialogue("Hi", "A"), dialogue("Hey", "B"))
+    with pytest.raises(ValueError, match="differ before the last reply"):  # split at the first Assistant turn
+        split_hh_dialogue(dialogue("Hi", "Hello", "Tell a joke", "Why did the chicken..."), dialogue("Hi", "Go away"))
 
 
 def test_real_hh_pairs_import_cleanly():

@@ -15,7 +15,8 @@ rows holds per file and over the whole import (checked).
 
 Judgements become pairs by the configured aggregation: pairwise labels by majority per task;
 scores by annotators' mean score or by the majority of their own orders, with `min_score_gap`,
-`pair_mode` and `ties`. Text pairs are pairs already.
+`pair_mode` and `ties`. Text pairs are pairs already. A pair of responses judged both pairwise and by
+scores is kept once, as the pairwise labels make it (report: `pairs_from_two_sources`, `..._disagreeing`).
 """
 
 from __future__ import annotations
@@ -91,6 +92,9 @@ def detect_file_format(path: str | Path) -> str:
     if name.endswith((".csv", ".parquet")):
         return "score_table"
     if name.endswith((".jsonl", ".ndjson")):
+        if not any(line.strip() for _, line in text_pairs._lines(path)):  # as an empty CSV file, not 0 text pairs
+            raise ImportFormatError(f"{path}: the file has no rows (an empty or failed export?); export it again, or "
+                                    "remove it from annotation.exports")
         obj = _first_object(path) or {}
         if "prompt_id" in obj and any(k in obj for k in SCORE_KEYS):
             return "score_table"
@@ -171,6 +175,30 @@ def _finish(comparisons: pd.DataFrame, source: str) -> pd.DataFrame:
     return out[canonical + list(EXTRA_COLUMNS)].astype(EXTRA_COLUMNS)
 
 
+def _one_comparison_per_pair(comparisons: pd.DataFrame) -> tuple[pd.DataFrame, int, int]:
+    """(comparisons with one row per prompt and unordered pair of responses, how many rows were dropped, how many
+    of those said otherwise: another winner, or a tie against a preference).
+
+    A pair can come from two sources: pairwise labels and scores of the same responses (one Label Studio export may
+    mix the pairwise and the rating template). The first row is kept, so pairwise labels, a direct comparison, win
+    over scores, compared only through their values. Before, duplicates were dropped by pair_id, but the two
+    sources name a pair differently (a task id, a hash of the sorted ids, a hash in chosen/rejected order): the
+    scored pair was dropped when the scores disagreed with the labels and kept as a second copy when they agreed.
+    """
+    first = comparisons[["chosen_id", "rejected_id"]].min(axis=1)
+    second = comparisons[["chosen_id", "rejected_id"]].max(axis=1)
+    key = comparisons["prompt_id"] + "\0" + first + "\0" + second
+    dropped = key.duplicated(keep="first")
+    kept = comparisons[~dropped].set_index(key[~dropped])
+    disagreeing = dropped & ((comparisons["chosen_id"] != key.map(kept["chosen_id"]))
+                             | (comparisons["tie"] != key.map(kept["tie"])))
+    out = comparisons[~dropped].reset_index(drop=True)
+    if out["pair_id"].duplicated().any():  # a task id equal to another pair's id: no pair may silently replace one
+        raise ImportFormatError(f"two different pairs share the pair id {out['pair_id'][out['pair_id'].duplicated()].iloc[0]!r}; "
+                                "rename that Label Studio task (data.task_id) and import again")
+    return out, int(dropped.sum()), int(disagreeing.sum())
+
+
 def _read_text_pairs(path: str | Path, fmt: str, max_field_chars: int) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(comparisons, quarantine) of a text-pair file, streamed through Parquet: the rows never sit in
     memory as Python objects (about 3 kB a row), only as the final columnar table."""
@@ -234,13 +262,14 @@ def import_files(paths: list[str | Path], responses: pd.DataFrame, cfg: Annotati
         pairs.append(_finish(scored, "scores"))
         report.update({f"scores/{k}": v for k, v in rep.items() if isinstance(v, (int, float))})
     comparisons = pd.concat(pairs, ignore_index=True) if pairs else _finish(_empty("comparisons"), "none")
-    comparisons = comparisons.drop_duplicates("pair_id", keep="first").reset_index(drop=True)
+    comparisons, judged_twice, disagreeing = _one_comparison_per_pair(comparisons)
     quarantine_df = pd.concat([q for q in quarantine if len(q)], ignore_index=True) if any(
         len(q) for q in quarantine) else pd.DataFrame(columns=QUARANTINE_OUT)
     accepted = len(annotations) + scores["annotation_id"].nunique() + len(text_pair_ids)
     if accepted + len(quarantine_df) != report["input_rows"]:  # the invariant the whole import rests on
         raise AssertionError(f"import lost rows: {accepted} + {len(quarantine_df)} != {report['input_rows']}")
     report.update(accepted=accepted, quarantined=len(quarantine_df), n_pairs=len(comparisons),
-                  n_ties=int(comparisons["tie"].sum()))
+                  n_ties=int(comparisons["tie"].sum()), pairs_from_two_sources=judged_twice,
+                  pairs_from_two_sources_disagreeing=disagreeing)
     report.update({f"agreement/{k}": v for k, v in inter_annotator_agreement(annotations, scores).items()})
     return ImportResult(annotations, scores, comparisons, quarantine_df, report)

@@ -58,6 +58,7 @@ import gzip
 import hashlib
 import json
 import math
+import unicodedata
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
@@ -166,9 +167,12 @@ def text_field(obj: dict, name: str, where: str = "data") -> str:
 def check_response(response_id: str, prompt_id: str, known: dict[str, str]) -> None:
     """Raise Rejected unless `response_id` is a known response to `prompt_id` (known: response -> prompt)."""
     if response_id not in known:
-        raise Rejected("unknown_response", f"response id {response_id} is not in the responses artifact")
+        near = unicodedata.normalize("NFC", response_id).strip()
+        hint = f" (the artifact has {near!r}: the export changed its spaces or Unicode form)" if near in known else ""
+        raise Rejected("unknown_response", f"response id {response_id!r} is not in the responses artifact{hint}")
     if known[response_id] != prompt_id:
-        raise Rejected("prompt_mismatch", f"response {response_id} belongs to prompt {known[response_id]}, not {prompt_id}")
+        raise Rejected("prompt_mismatch",
+                       f"response {response_id!r} belongs to prompt {known[response_id]!r}, not {prompt_id!r}")
 
 
 def check_ranking(ranking: object, prompt_id: str, known: dict[str, str], items: set[str] | None = None) -> tuple:

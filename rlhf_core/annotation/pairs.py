@@ -18,8 +18,11 @@ def aggregate_majority(annotations: pd.DataFrame, responses: pd.DataFrame) -> tu
     The labels of every task that showed the same two responses of a prompt count together, in either order (a
     pair shown as A|B and again as B|A is one pair, not two that contradict each other). Its `pair_id` is its task
     id when one task showed it and no other pair has that task id, else a hash of the pair
-    (`comparison_pair_id` of the prompt and the two ids in sorted order). Pairs whose labels split evenly give no
-    comparison (counted in the report as `tied_tasks`). label_agreement = share of the pair's labels that agree
+    (`comparison_pair_id` of the prompt and the two ids in sorted order). Each annotator has one vote per pair: the
+    response they preferred in most of their labels of it (one whose labels of it split evenly, e.g. A shown as A|B
+    and B shown as B|A, has no vote); before, every label counted, so an annotator who saw the
+    pair twice outvoted one who saw it once. Pairs whose votes split evenly give no comparison (counted in the
+    report as `tied_tasks`). n_labels = the annotators who voted; label_agreement = the share of them that agree
     with the majority. `task_ids_reused`: task ids that named more than one pair.
     """
     text = dict(zip(responses["response_id"], responses["response"]))
@@ -32,8 +35,9 @@ def aggregate_majority(annotations: pd.DataFrame, responses: pd.DataFrame) -> tu
     reused = set(pairs_of_task[pairs_of_task > 1].index)
     rows, tied = [], 0
     for (prompt_id, first, second), group in labelled.groupby(["prompt_id", "first", "second"], sort=True):
-        wins = group["winner"].value_counts()
-        n_first, n_second = int(wins.get(first, 0)), int(wins.get(second, 0))
+        # one vote per annotator: +1 for `first`, -1 for `second`, summed over their labels of the pair
+        leaning = (group["winner"] == first).astype(int).mul(2).sub(1).groupby(group["annotator"]).sum()
+        n_first, n_second = int((leaning > 0).sum()), int((leaning < 0).sum())
         if n_first == n_second:
             tied += 1
             continue

@@ -45,6 +45,7 @@ import csv
 import gzip
 import json
 import math
+import re
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -136,9 +137,13 @@ class _RecordingLines:
         return line
 
 
-def _check_columns(path: Path, names: list[str]) -> None:
-    if "prompt_id" in names and ("ranking" in names or ("response_id" in names and {"score", "rank"} & set(names))):
+def _check_columns(path: Path, names: list[str], csv_file: bool = False) -> None:
+    scored = "response_id" in names and {"score", "rank"} & set(names)
+    if "prompt_id" in names and (scored or ("ranking" in names and not csv_file)):
         return
+    if csv_file and "prompt_id" in names and "ranking" in names:  # a CSV cell holds text, not a list of ids
+        raise ImportFormatError(f"{path}: a CSV cannot hold rankings (its 'ranking' column); write one row per "
+                                "response with prompt_id, response_id and rank, or the rankings as JSONL or Parquet")
     raise ImportFormatError(f"{path}: columns {names[:20]} lack prompt_id and either response_id with score or rank, "
                             "or ranking; rename the columns to these names")
 
@@ -154,7 +159,7 @@ def _csv_records(path: Path) -> Iterator[tuple[object, str]]:
             header = next(reader, None)
             if header is None:
                 raise ImportFormatError(f"{path}: empty CSV file; the first row must name the columns")
-            _check_columns(path, header)
+            _check_columns(path, header, csv_file=True)
             while True:
                 lines.taken.clear()
                 try:
@@ -192,13 +197,16 @@ def _parquet_records(path: Path) -> Iterator[tuple[object, str]]:
 
 
 def _annotator(record: dict, unnamed: str) -> str:
-    """The row's annotator: a string, or an integer (also as a whole float: pandas writes an integer column with a
-    gap as floats); `unnamed` when it has none."""
+    """The row's annotator: a string, or an integer (also as a whole float, or in a CSV the text of one, "7.0":
+    pandas writes an integer column with a gap as floats, so annotator 7 is "7" from every format); `unnamed` when
+    it has none."""
     who = record.get("annotator")
     if who is None or who == "" or (isinstance(who, float) and math.isnan(who)):
         return unnamed
     if isinstance(who, float) and who.is_integer():
         who = int(who)
+    if isinstance(who, str) and re.fullmatch(r"-?[0-9]+\.0+", who):
+        who = who.split(".")[0]
     if isinstance(who, bool) or not isinstance(who, (str, int)):
         raise Rejected("missing_field", f"annotator {who!r} is neither a string nor an integer")
     return check_unicode(str(who), "annotator")

@@ -78,7 +78,7 @@ from rlhf_core.annotation.label_studio import QUARANTINE_COLUMNS, ImportFormatEr
 from rlhf_core.annotation.pairs import comparison_pair_id
 from rlhf_core.schemas import TABLES, SchemaError, validate_table
 
-ASSISTANT = "\n\nAssistant:"
+ASSISTANT, HUMAN = "\n\nAssistant:", "\n\nHuman:"
 FIELDS = {
     "trl": ("prompt", "chosen", "rejected"),
     "trl_messages": ("prompt", "chosen", "rejected"),
@@ -124,7 +124,8 @@ def split_hh_dialogue(chosen: str, rejected: str) -> tuple[str, str, str]:
     prompt = the dialogues' common beginning up to and including its last "\\n\\nAssistant:" marker (a
     reply that itself holds the marker stays a reply: cutting at the chosen dialogue's last marker quarantined such
     a row); each reply is the rest of its dialogue with one leading space removed. Raises ValueError if `chosen`
-    has no marker or the two differ before the last one they share.
+    has no marker, the two differ before the last one they share, or a reply holds a later "\\n\\nHuman:" turn
+    (the dialogues split at an earlier Assistant turn).
     """
     if ASSISTANT not in chosen:
         raise ValueError(f"chosen dialogue has no {ASSISTANT!r} marker")
@@ -133,7 +134,11 @@ def split_hh_dialogue(chosen: str, rejected: str) -> tuple[str, str, str]:
     if cut < 0:
         raise ValueError(f"rejected dialogue does not start with the chosen prompt (they differ at character {common})")
     prompt = chosen[: cut + len(ASSISTANT)]
-    return prompt, chosen[len(prompt):].removeprefix(" "), rejected[len(prompt):].removeprefix(" ")
+    replies = chosen[len(prompt):].removeprefix(" "), rejected[len(prompt):].removeprefix(" ")
+    if any(HUMAN in reply for reply in replies):  # they split at an earlier Assistant turn: not one last reply each
+        raise ValueError(f"the dialogues differ before the last reply (at character {common}, and a later "
+                         f"{HUMAN!r} turn follows): the pair must share every turn but the last Assistant reply")
+    return (prompt, *replies)
 
 
 def _sha16(text: str) -> str:
