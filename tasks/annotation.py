@@ -25,7 +25,10 @@ from rlhf_core.sim.metrics import gold_agreement_of_pairs
 from tasks.common import RunContext, StageRun, in_prefect_run, run_stage
 
 COLLECT_VERSION = "2"
-IMPORT_VERSION = "4"  # 4: a Label Studio task without data.task_id named by what it shows; pairs by their two responses
+# 4: a Label Studio task without data.task_id named by what it shows; pairs by their two responses;
+# 5: one pair across pairwise labels and scores, one vote per annotator and pair, HH replies with a later Human
+# turn quarantined
+IMPORT_VERSION = "5"
 SIMULATED_EXPORT = "00-simulated-label-studio.json"
 
 
