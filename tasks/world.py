@@ -20,7 +20,7 @@ from rlhf_core.sim.metrics import policy_answer_probe
 from rlhf_core.sim.world import make_demonstrations, make_prompt_pool
 from tasks.common import RunContext, StageRun, run_stage
 
-WORLD_VERSION = "3"  # 3: the pool holds no held-out prompt's text
+WORLD_VERSION = "4"  # 3: the pool holds no held-out prompt's text; 4: the held-out prompts are distinct texts
 SFT_VERSION = "2"
 # The world fields each stage reads, and so its cache key: the annotators' settings change the labels,
 # not the prompt pool or the SFT policy, so a noisier crowd reuses both.
@@ -30,13 +30,13 @@ SFT_FIELDS = {"max_operand", "operations", "demo_correct_prob", "demo_style_prob
 
 @task(name="world", version=WORLD_VERSION, cache_policy=NO_CACHE)
 def build_world(ctx: RunContext, cfg: WorldConfig, seed: int) -> ArtifactRef:
-    """The simulated prompt pool (to sample from) and the held-out evaluation prompts, held out by text: no
-    held-out prompt is in the pool, so neither the SFT policy nor a reward model trains on one. (The world is
+    """The simulated prompt pool (to sample from) and the held-out evaluation prompts, distinct texts held out by
+    text: no held-out prompt is in the pool, so neither the SFT policy nor a reward model trains on one. (The world is
     small: the same problem with the same styles can still be in the pool under another template.)"""
 
     def produce(out: Path, run: StageRun) -> dict[str, float]:
         kwargs = {"max_operand": cfg.max_operand, "ops": cfg.operations, "result_tags": cfg.result_tags}
-        held_out = make_prompt_pool(cfg.n_eval_prompts, seed=seed + 10_000, id_prefix="e", **kwargs)
+        held_out = make_prompt_pool(cfg.n_eval_prompts, seed=seed + 10_000, id_prefix="e", distinct=True, **kwargs)
         pool = make_prompt_pool(cfg.n_prompts, seed=seed, id_prefix="p", **kwargs,
                                 held_out=frozenset(held_out["prompt"]))
         write_table("prompts", pool, out / "prompts.parquet")

@@ -75,6 +75,19 @@ def test_eval_pool_uses_its_own_prefix():
     assert ev.prompt_id.tolist()[:2] == ["e00000", "e00001"]
 
 
+def test_held_out_prompts_are_distinct_texts_and_it_says_when_the_world_has_too_few():
+    """Drawn with repeats, 200 held-out prompts were 182-188 texts on the demo's world: each copy judged again."""
+    kwargs = {"max_operand": 4, "ops": ("+", "-")}
+    repeats = make_prompt_pool(200, seed=10_000, id_prefix="e", **kwargs)
+    distinct = make_prompt_pool(200, seed=10_000, id_prefix="e", distinct=True, **kwargs)
+    assert repeats.prompt.nunique() < 200 and distinct.prompt.is_unique and len(distinct) == 200
+    first_repeat = int(repeats.prompt.duplicated().to_numpy().argmax())
+    assert distinct.prompt[:first_repeat].tolist() == repeats.prompt[:first_repeat].tolist()
+    with pytest.raises(ValueError, match="100 distinct prompts are more than it writes .40 found.*lower "
+                                         "world.n_eval_prompts"):
+        make_prompt_pool(100, seed=1, max_operand=0, ops=("+",), distinct=True)
+
+
 def test_the_pool_never_holds_a_held_out_prompt_and_says_when_it_cannot():
     held_out = make_prompt_pool(200, seed=10_000, id_prefix="e", max_operand=4, ops=("+", "-"))
     plain = make_prompt_pool(4000, seed=0, max_operand=4, ops=("+", "-"))

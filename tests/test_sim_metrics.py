@@ -62,6 +62,9 @@ def test_terms_that_tie_on_paper_are_a_gold_tie_in_every_metric():
     assert gold_difference(pairs["prompt"], pairs["chosen"], pairs["rejected"])[0] == 0.0
     assert accuracy_by_pair_type(np.array([1.0, 1.0]), pairs)["all"] == 1.0  # the tie left out, not counted right
     assert gold_agreement_of_pairs(pairs) == 1.0
+    from rlhf_core.judge import OracleJudge
+
+    assert OracleJudge(tie_margin=0.0).compare(p, a, b)[0] == "tie"  # was "first" at tie_margin 0
 
 
 def test_flip_report_counts_fixed_and_broken_labels():
@@ -109,6 +112,8 @@ def test_answer_probe_gaps_read_how_near_misses_are_graded():
 
     g = answer_probe(gold_correctness)
     assert (g["gap_right_vs_off1"], g["gap_off1_vs_off2"]) == (pytest.approx(1.0), pytest.approx(0.5))
+    small = answer_probe(gold_correctness, max_operand=1, ops=("*",))  # answers 0 and 1: no distance 2 (a KeyError)
+    assert small["gap_right_vs_off1"] == pytest.approx(1.0) and np.isnan(small["gap_off1_vs_off2"])
 
 
 def test_prompt_sampling_keeps_the_answers_distribution():

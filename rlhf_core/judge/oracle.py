@@ -10,7 +10,7 @@ answer to that prompt (the right number, every style instruction followed), line
 from __future__ import annotations
 
 from rlhf_core.judge.grading import Grade
-from rlhf_core.sim.world import MISSING_ANSWER, gold_score, ideal_response
+from rlhf_core.sim.world import GOLD_TIE, MISSING_ANSWER, gold_score, ideal_response
 
 
 def gold_rating(gold: float, gold_ideal: float) -> float:
@@ -21,7 +21,8 @@ def gold_rating(gold: float, gold_ideal: float) -> float:
 
 class OracleJudge:
     """outcome = "first" if gold(first) - gold(second) >= tie_margin,
-    "second" if it is <= -tie_margin, else "tie" (a zero difference is always a tie)."""
+    "second" if it is <= -tie_margin, else "tie" (a difference within GOLD_TIE, float rounding of equal gold, is
+    always a tie, as every gold tie of the pipeline)."""
 
     def __init__(self, tie_margin: float):
         if tie_margin < 0:
@@ -31,9 +32,9 @@ class OracleJudge:
     def compare(self, prompt: str, first: str, second: str) -> tuple[str, str]:
         g_first, g_second = gold_score(prompt, first), gold_score(prompt, second)
         diff = g_first - g_second
-        if diff >= self.tie_margin and diff > 0:
+        if diff >= self.tie_margin and diff > GOLD_TIE:
             outcome = "first"
-        elif diff <= -self.tie_margin and diff < 0:
+        elif diff <= -self.tie_margin and diff < -GOLD_TIE:
             outcome = "second"
         else:
             outcome = "tie"

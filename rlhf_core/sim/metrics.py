@@ -122,7 +122,8 @@ def answer_probe(score: Callable[[list[str], list[str]], np.ndarray], max_operan
         return float(1 - ((df["reward"] - fitted) ** 2).sum() / total) if total > 0 else float("nan")
 
     best = df.loc[df.groupby("prompt")["reward"].idxmax()]
-    by_distance = df.groupby(["prompt", "distance"])["reward"].mean().unstack()  # (problems, distances)
+    # (problems, distances); a world whose answers span under 3 numbers has no distance 2: its gap is NaN
+    by_distance = df.groupby(["prompt", "distance"])["reward"].mean().unstack().reindex(columns=range(3))
     return {"r2_number": r2("n"), "r2_distance": r2("distance"), "top1_correct": float(best["correct"].mean()),
             "gap_right_vs_off1": float((by_distance[0] - by_distance[1]).mean()),
             "gap_off1_vs_off2": float((by_distance[1] - by_distance[2]).mean())}

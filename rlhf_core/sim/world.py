@@ -163,11 +163,13 @@ def make_prompt(rng: random.Random, max_operand: int = MAX_OPERAND, ops: tuple[s
 
 def make_prompt_pool(n: int, seed: int, id_prefix: str = "p", max_operand: int = MAX_OPERAND,
                      ops: tuple[str, ...] = tuple(OPS), result_tags: bool = True,
-                     held_out: frozenset[str] | set[str] = frozenset()) -> pd.DataFrame:
+                     held_out: frozenset[str] | set[str] = frozenset(), distinct: bool = False) -> pd.DataFrame:
     """A `prompts` table of n prompts: prompt_id f"{id_prefix}{i:05d}", prompt, tags, source="sim".
 
-    Deterministic for a seed; draw eval prompts with another seed and id_prefix="e", then the pool with
-    `held_out` = their texts: a draw of a held-out text is drawn again, so the pool never contains one.
+    Deterministic for a seed; draw eval prompts with another seed, id_prefix="e" and `distinct` (a text drawn
+    before is drawn again, so n held-out prompts are n texts: with repeats, 200 held out 182-188 texts, each copy
+    judged as another prompt), then the pool with `held_out` = their texts: a draw of a held-out text is drawn
+    again, so the pool never contains one. The pool itself repeats texts, as a prompt log does.
     `max_operand` and `ops` set how hard the arithmetic is (gold reads both from the text).
     `result_tags` adds tags that reveal the result (zero-result, ...); the demo leaves them out
     because InsTag's tag balancing then over-samples those answers.
@@ -177,14 +179,17 @@ def make_prompt_pool(n: int, seed: int, id_prefix: str = "p", max_operand: int =
     rng = random.Random(seed)
     rows = []
     draws_left = 100 * n + 10_000  # ends the loop when held_out covers (nearly) every text the world can write
+    drawn: set[str] = set()
     while len(rows) < n:
         text, tags = make_prompt(rng, max_operand, tuple(ops), result_tags)
         draws_left -= 1
         if draws_left < 0:
-            raise ValueError(f"the world's prompts are nearly all held out ({len(held_out)} held-out texts, "
-                             f"max_operand {max_operand}, operations {list(ops)}): raise world.max_operand, add "
-                             "operations or lower world.n_eval_prompts")
-        if text not in held_out:
+            what = (f"{n} distinct prompts are more than it writes ({len(drawn)} found)" if distinct else
+                    f"the world's prompts are nearly all held out ({len(held_out)} held-out texts)")
+            raise ValueError(f"{what}, with max_operand {max_operand} and operations {list(ops)}: raise "
+                             "world.max_operand, add operations or lower world.n_eval_prompts")
+        if text not in held_out and not (distinct and text in drawn):
+            drawn.add(text)
             rows.append({"prompt_id": f"{id_prefix}{len(rows):05d}", "prompt": text, "tags": tags, "source": "sim"})
     return pd.DataFrame(rows, columns=["prompt_id", "prompt", "tags", "source"])
 
