@@ -31,10 +31,11 @@ from tasks.annotation import collect_annotations, import_annotations
 from tasks.common import SERIES_LOCK, RunContext, code_tags, lock_workdir, publish_markdown
 from tasks.evaluation import evaluate, http_api_key
 from tasks.generation import generate
-from tasks.iteration import (FinishedRound, check_new_import, last_finished_round, pairs_so_far,
-                             record_finished_round, series_base, series_start, stop_reason, training_pairs)
-from tasks.promotion import (evaluation_against_champion, lineage_tags, promote, reward_model_tags,
-                             starting_policy, tag_registered_policy)
+from tasks.iteration import (FinishedRound, check_new_import, forget_series_start, last_finished_round,
+                             pairs_so_far, record_finished_round, rounds_series_key, series_base, series_start,
+                             stop_reason, training_pairs)
+from tasks.promotion import (earlier_promotion, evaluation_against_champion, lineage_tags, promote,
+                             reward_model_tags, starting_policy, tag_registered_policy)
 from tasks.sampling import sample_prompts
 from tasks.tracking import Tracker, check_tracking_server, default_tracking_uri
 from tasks.world import build_world, train_sft_policy
@@ -315,8 +316,12 @@ def _run_stages(config: RoundConfig, stop_after: StageName | None, round_no: int
             return starting_policy(ctx, config.iteration, out["sft"], start_policy)
 
         # a series' round k starts where it first started: killed after its promotion, it would start from itself
-        policy, source = (series_start(config.workdir, config.name, round_no, resolve)
-                          if config.iteration.continue_series and start_policy is None else resolve())
+        # (a weekly series' by its name; an rlhf-rounds series' round 1 until the series finishes: run again after a
+        # failure, its round 1 started from the champion its own round 1 had made)
+        pin = (config.name if config.iteration.continue_series else
+               rounds_series_key(config.name) if series_run_id is not None else None)
+        policy, source = (series_start(config.workdir, pin, round_no, resolve)
+                          if pin is not None and start_policy is None else resolve())
         lineage = lineage_tags(ctx, policy, source)
         ctx.tracker.set_tags(ctx.parent_run_id, lineage)
         if done("sample", sample_prompts(ctx, config.sampling, out["world"], seed)):
@@ -347,7 +352,9 @@ def _run_stages(config: RoundConfig, stop_after: StageName | None, round_no: int
             out["evaluate_vs_previous"] = evaluate(ctx, config.evaluation, out["ppo"], start_policy, out["reward"],
                                                    out["world"], config.reward.train, seed, baseline_name="previous")
             stop = stop_reason(ctx, config.iteration, out["evaluate_vs_previous"])
-        if (judged := evaluation_against_champion(ctx, config, out, seed)) is not None:
+        if (promotion := earlier_promotion(ctx, out["ppo"])) is not None:  # a re-run: decided when first judged
+            pass
+        elif (judged := evaluation_against_champion(ctx, config, out, seed)) is not None:
             promotion = promote(ctx, config.iteration, out["ppo"], *judged)  # (evaluation, against, champion then)
         else:
             promotion = {"promoted": False, "reason": "the round's policy already is the champion"}
@@ -457,6 +464,7 @@ def _run_series(config: RoundConfig, n_rounds: int, left_by_killed: str = "") ->
     except BaseException:
         tracker.end_run(series, status="FAILED")
         raise
+    forget_series_start(config.workdir, rounds_series_key(config.name))  # finished: a new series resolves anew
     tracker.set_tags(series, {"rlhf.series.rounds_run": str(len(summaries)),
                               "rlhf.series.stop_reason": summaries[-1]["stop"] or ""})
     tracker.end_run(series)

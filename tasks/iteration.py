@@ -221,6 +221,19 @@ def series_start(workdir: str | Path, name: str, round_no: int,
     return policy, source
 
 
+def rounds_series_key(name: str) -> str:
+    """The key of an rlhf-rounds series' pinned round-1 start in STARTED_ROUNDS (a weekly series keeps `name`)."""
+    return f"rlhf-rounds:{name}"
+
+
+def forget_series_start(workdir: str | Path, key: str) -> None:
+    """Drop `key`'s pinned start (an rlhf-rounds series that finished: the next series resolves its start anew)."""
+    started = _started_rounds(workdir)
+    if started.pop(key, None) is not None:
+        atomic_write_text(Path(workdir) / STARTED_ROUNDS,
+                          json.dumps({n: r.model_dump(mode="json") for n, r in started.items()}, indent=2))
+
+
 def _started_rounds(workdir: str | Path) -> dict[str, StartedRound]:
     """The record of series rounds under way; one that does not read is empty (with a warning): its rounds' starts
     are resolved again and it is written anew."""

@@ -107,6 +107,29 @@ def evaluation_against_champion(ctx: RunContext, config: RoundConfig, outputs: d
     return outputs["evaluate_vs_champion"], against, str(champion.version)
 
 
+# on a registered rlhf-policy version: its promotion decision, and the champion version it was judged against
+DECISION_TAG, JUDGED_AGAINST_TAG, NO_CHAMPION = "rlhf.promotion", "rlhf.promotion.judged_against", "none"
+
+
+def earlier_promotion(ctx: RunContext, candidate: ArtifactRef) -> dict[str, Any] | None:
+    """The decision a round made for this policy (the tags on its registered version) when the champion has changed
+    since, as this run's decision; None when none was made or the champion is still the one it was judged against
+    (its round run again decides again: the same evaluation, perhaps another promote_min_win_rate). Run again after
+    the champion moved (a killed round, an rlhf-rounds series resumed after a failure), its round would judge it
+    against a later champion and could move the alias back to it. To promote it then, set the alias in the registry."""
+    version = ctx.tracker.model_version(POLICY_MODEL, candidate.digest)
+    decided = None if version is None else version.tags.get(DECISION_TAG)
+    if not decided:
+        return None
+    champion = ctx.tracker.aliased_version(POLICY_MODEL, CHAMPION)
+    if (NO_CHAMPION if champion is None else str(champion.version)) == version.tags.get(JUDGED_AGAINST_TAG):
+        return None
+    reason = f"decided when it was first judged (the champion has changed since), not again: {decided}"
+    ctx.tracker.set_tags(ctx.parent_run_id, {"rlhf.promotion": "decided before", "rlhf.promotion.reason": reason})
+    _stage_logger().info(reason)
+    return {"promoted": False, "version": int(version.version), "reason": reason}
+
+
 def _baseline_digest(ctx: RunContext, evaluation: ArtifactRef) -> str | None:
     return next((i.digest for i in ctx.store.manifest(evaluation).inputs if i.name == "baseline"), None)
 
@@ -136,7 +159,10 @@ def promote(ctx: RunContext, cfg: IterationConfig, candidate: ArtifactRef, evalu
                   "judged against (another round promoted it meanwhile); the next round judges against it")
     if promoted:
         tracker.set_alias(POLICY_MODEL, CHAMPION, version.version)
-        tracker.tag_model_version(POLICY_MODEL, version.version, {"rlhf.promotion": reason})
+    # every decision, on the version, with the champion it was judged against: a re-run of its round (a killed
+    # round, a resumed rlhf-rounds) does not decide again against a champion that came later (earlier_promotion)
+    tracker.tag_model_version(POLICY_MODEL, version.version,
+                              {DECISION_TAG: reason, JUDGED_AGAINST_TAG: champion_version or NO_CHAMPION})
     tracker.set_tags(ctx.parent_run_id, {"rlhf.promotion": verdict, "rlhf.promotion.reason": reason})
     tracker.log_metrics(ctx.parent_run_id, {"promotion/win_rate": win_rate, "promotion/promoted": float(promoted),
                                             "promotion/threshold": cfg.promote_min_win_rate})

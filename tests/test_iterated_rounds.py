@@ -279,3 +279,40 @@ def test_a_series_round_run_again_starts_where_it_first_started(tmp_path):
     assert plan_garbage(tmp_path, keep_days=1).garbage == []
     (tmp_path / STARTED_ROUNDS).write_text("{")  # a record that does not read: resolved again, not a crash
     assert series_start(tmp_path, "weekly", 4, resolve(champion)) == (champion, "champion")
+
+
+def test_rlhf_rounds_run_again_after_a_failure_starts_and_decides_round_1_as_it_first_did(prefect_api, tmp_path,
+                                                                                          monkeypatch):
+    """start_from: champion; round 1 promotes its policy, round 2 fails. Run again, round 1 started from its own
+    promoted policy (a second PPO pass, the series shifted by a round) and, with start_from: sft, was judged again
+    against round 2's champion and could move the alias back to itself."""
+    import flows.stages as stages
+    from flows.round import rlhf_rounds
+    from tasks.iteration import STARTED_ROUNDS
+
+    config = _config(tmp_path, "iteration.start_from=champion", "iteration.promote_min_win_rate=0.0",
+                     "iteration.stop_min_win_rate=null")
+    vote = stages.HEAVY_STAGES["vote"]
+
+    def failing_in_round_2(ctx, cfg, inputs, seed, simulated):
+        if ctx.round_no == 2:
+            raise RuntimeError("round 2 fails")
+        return vote.call(ctx, cfg, inputs, seed, simulated)
+
+    monkeypatch.setitem(stages.HEAVY_STAGES, "vote", stages.HeavyStage(vote.inputs, failing_in_round_2))
+    with pytest.raises(RuntimeError, match="round 2 fails"):
+        rlhf_rounds(config=config, n_rounds=2)
+    client = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db", registry_uri=f"sqlite:///{tmp_path}/mlflow.db")
+    champion = client.get_model_version_by_alias("rlhf-policy", "champion")
+    assert str(champion.version) == "1"  # round 1's policy, promoted (judged against SFT, no champion yet)
+    assert "rlhf-rounds:mini" in json.loads((tmp_path / STARTED_ROUNDS).read_text())
+
+    monkeypatch.setitem(stages.HEAVY_STAGES, "vote", vote)
+    r1, r2 = rlhf_rounds(config=config, n_rounds=2)
+    store = ArtifactStore(Path(tmp_path) / "artifacts")
+    assert r1["artifacts"]["ppo"]["digest"] == champion.tags["rlhf.digest"]  # the same round 1, from the cache
+    assert _inputs(store, r1, "generate")["policy"] == r1["artifacts"]["sft"]["digest"]  # started from SFT again
+    assert "evaluate_vs_champion" not in r1["artifacts"]
+    assert r1["promotion"]["reason"].startswith("decided when it was first judged (the champion has changed since)")
+    assert _inputs(store, r2, "generate")["policy"] == r1["artifacts"]["ppo"]["digest"]
+    assert "rlhf-rounds:mini" not in json.loads((tmp_path / STARTED_ROUNDS).read_text())  # finished: forgotten
