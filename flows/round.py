@@ -31,9 +31,9 @@ from tasks.annotation import collect_annotations, import_annotations
 from tasks.common import SERIES_LOCK, RunContext, code_tags, lock_workdir, publish_markdown
 from tasks.evaluation import evaluate, http_api_key
 from tasks.generation import generate
-from tasks.iteration import (FinishedRound, check_new_import, forget_series_start, last_finished_round,
-                             pairs_so_far, record_finished_round, rounds_series_key, series_base, series_start,
-                             stop_reason, training_pairs)
+from tasks.iteration import (FinishedRound, check_new_import, check_round_inputs, forget_series_start,
+                             last_finished_round, pairs_so_far, record_finished_round, rounds_series_key, series_base,
+                             series_start, stop_reason, training_pairs)
 from tasks.promotion import (earlier_promotion, evaluation_against_champion, lineage_tags, promote,
                              reward_model_tags, starting_policy, tag_registered_policy)
 from tasks.sampling import sample_prompts
@@ -270,6 +270,7 @@ def rlhf_round(config: RoundConfig = RoundConfig(), stop_after: StageName | None
     if round_no < 1:  # round 0 of seed 0 sampled with seed -1, refused only after SFT
         raise ConfigError(f"round_no must be at least 1 (got {round_no})")
     config = checked_round_config(config, config_path, annotation_exports)
+    check_round_inputs(config.workdir, start_policy, earlier_pairs)
     # one round at a time per workdir (its store, scratch, mlflow.db and finished-rounds record)
     if wait_for_workdir_minutes < 0:
         raise ValueError(f"wait_for_workdir_minutes must be at least 0 (got {wait_for_workdir_minutes:g})")

@@ -88,6 +88,26 @@ def stop_reason(ctx: RunContext, cfg: IterationConfig, vs_previous: ArtifactRef)
     return reason
 
 
+def check_round_inputs(workdir: str | Path, start_policy: ArtifactRef | None,
+                       earlier_pairs: ArtifactRef | None) -> None:
+    """Refuse a round's given start_policy or earlier_pairs that is not there, before any stage runs: a missing one
+    failed only at the stage that read it (generate, or accumulate_pairs after six stages), as a transformers repo-id
+    error or a "damaged artifact" that `rlhf verify` cannot find."""
+    store = ArtifactStore(Path(workdir) / "artifacts")
+    for name, ref, kind in (("start_policy", start_policy, "policy"), ("earlier_pairs", earlier_pairs, "comparisons")):
+        if ref is None:
+            continue
+        if ref.kind != kind:
+            raise ConfigError(f"{name} is a {ref.kind} artifact ({ref.path}); give a {kind} artifact")
+        in_store = Path(ref.path).resolve().parent.parent == store.root.resolve()  # else a registry download
+        problems = store.damage(ref, hash_files=False) if in_store else (
+            [] if Path(ref.path).is_dir() else ["no such directory"])
+        if problems:
+            raise ConfigError(f"{name} {ref.kind}:{ref.digest[:12]} at {ref.path} is not there intact "
+                              f"({'; '.join(problems[:3])}): give the {kind} artifact of a finished round of this "
+                              "workdir (the paths in its summary's artifacts), or leave it empty")
+
+
 def pairs_so_far(artifacts: dict[str, Any]) -> dict[str, Any]:
     """The pairs a finished round's reward model learned from, from its summary's artifacts: the accumulation of
     rounds 1..k, or its own pairs (round 1, or iteration.pairs: per_round). What the next round accumulates onto."""

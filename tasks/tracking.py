@@ -118,6 +118,9 @@ def write_pyfunc_files(folder: Path, run_id: str, model_id: str, name: str, mode
     model.save(str(folder / "MLmodel"))
 
 
+_PLAIN_ID = re.compile(r"[0-9A-Za-z-]+")  # a Prefect flow run id (a UUID): safe inside a filter string
+
+
 class TrackingUnavailableError(RuntimeError):
     """The configured MLflow tracking server does not answer; raised before any work starts."""
 
@@ -239,10 +242,12 @@ class Tracker:
         server. Returns how many runs."""
         if not flow_runs:
             return 0
-        running = self.client.search_runs(
-            [self.experiment_id], filter_string=f"attributes.status = 'RUNNING' and tags.`{tag}` = '{workdir}'",
-            max_results=1000)
-        stale = [run for run in running if run.data.tags.get("prefect.flow_run_id") in flow_runs]
+        # by flow run (a UUID) in the filter, by workdir here: a path may hold a quote, which broke the filter string
+        running = [run for flow_run_id in sorted(flow_runs) if _PLAIN_ID.fullmatch(flow_run_id)
+                   for run in self.client.search_runs(
+                       [self.experiment_id], max_results=1000,
+                       filter_string=f"attributes.status = 'RUNNING' and tags.`prefect.flow_run_id` = '{flow_run_id}'")]
+        stale = [run for run in running if run.data.tags.get(tag) == workdir]
         for run in stale:
             self.client.set_terminated(run.info.run_id, status="KILLED")
             models = self.client.search_logged_models([self.experiment_id],

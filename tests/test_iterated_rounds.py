@@ -316,3 +316,27 @@ def test_rlhf_rounds_run_again_after_a_failure_starts_and_decides_round_1_as_it_
     assert r1["promotion"]["reason"].startswith("decided when it was first judged (the champion has changed since)")
     assert _inputs(store, r2, "generate")["policy"] == r1["artifacts"]["ppo"]["digest"]
     assert "rlhf-rounds:mini" not in json.loads((tmp_path / STARTED_ROUNDS).read_text())  # finished: forgotten
+
+
+def test_a_round_given_missing_or_wrong_inputs_is_refused_before_any_stage(prefect_api, tmp_path):
+    """A missing earlier_pairs failed after six stages as a "damaged artifact" that rlhf verify could not find; a
+    missing start_policy at generate, as a transformers repo-id error."""
+    from flows.round import rlhf_round
+    from rlhf_core.config import ConfigError
+    from tasks.iteration import check_round_inputs
+
+    store = ArtifactStore(tmp_path / "artifacts")
+    with store.staging() as out:
+        (out / "comparisons.parquet").write_bytes(b"pairs")
+        pairs = store.commit(out, kind="comparisons", stage="import_annotations", stage_version="1", code_version="t",
+                             config={}, config_digest="c", inputs={}, cache_key="k")
+    check_round_inputs(tmp_path, None, pairs)  # intact: accepted
+    gone = ArtifactRef(kind="comparisons", digest="cd" * 32, path=str(tmp_path / "artifacts" / "comparisons" / "cd"))
+    with pytest.raises(ConfigError, match=r"earlier_pairs comparisons:cdcdcdcdcdcd at .* is not there intact "
+                                          r"\(manifest.json unreadable \(FileNotFoundError\)\)"):
+        rlhf_round(config=_config(tmp_path), round_no=2, earlier_pairs=gone)
+    assert not (tmp_path / "artifacts" / "prompts").exists()  # no stage ran
+    with pytest.raises(ConfigError, match="start_policy is a comparisons artifact .*; give a policy artifact"):
+        check_round_inputs(tmp_path, pairs, None)
+    with pytest.raises(ConfigError, match="start_policy policy:ab.* \\(no such directory\\)"):
+        check_round_inputs(tmp_path, ArtifactRef(kind="policy", digest="ab" * 32, path=str(tmp_path / "nowhere")), None)

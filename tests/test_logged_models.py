@@ -221,6 +221,10 @@ def test_a_model_a_killed_round_left_pending_is_failed_by_the_next_round(tmp_pat
     assert tracker.client.get_logged_model(pending.model_id).status == LoggedModelStatus.FAILED
     assert tracker.client.get_run(live).info.status == "RUNNING"
     assert tracker.client.get_logged_model(live_model.model_id).status == LoggedModelStatus.PENDING
+    # a workdir path with a quote (it broke the filter string: the next round crashed, the runs stayed RUNNING)
+    quoted = tracker.start_run("ppo", {"rlhf.workdir": "/home/o'brien/w", "prefect.flow_run_id": "other-flow-run"})
+    assert tracker.close_killed_runs("/home/o'brien/w", {"other-flow-run"}) == 1
+    assert tracker.client.get_run(quoted).info.status == "KILLED"
 
 
 def test_no_secret_reaches_the_logged_model_or_the_version(tmp_path):
