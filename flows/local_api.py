@@ -31,7 +31,7 @@ _started: LocalAPI | None = None  # the local API this process launched, if it d
 
 
 class LocalAPIError(RuntimeError):
-    """Prefect's local API did not come up."""
+    """Prefect's local API did not come up, or the server PREFECT_API_URL names does not answer."""
 
 
 class LocalAPI:
@@ -105,7 +105,10 @@ def start_local_api() -> Callable[[], None]:
     from prefect.settings import (PREFECT_API_URL, PREFECT_SERVER_EPHEMERAL_ENABLED,
                                   PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS)
 
-    if PREFECT_API_URL.value() or not PREFECT_SERVER_EPHEMERAL_ENABLED.value():
+    if url := PREFECT_API_URL.value():
+        check_prefect_api(url)
+        return lambda: None
+    if not PREFECT_SERVER_EPHEMERAL_ENABLED.value():
         return lambda: None
     global _started
     server = _started = LocalAPI()
@@ -115,6 +118,22 @@ def start_local_api() -> Callable[[], None]:
     log.info("Prefect's local API starting on %s (set PREFECT_API_URL to use a long-lived server)", server.api_url)
     timeout_s = float(PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS.value())
     return lambda: server.wait_healthy(timeout_s)
+
+
+def check_prefect_api(api_url: str, timeout_s: float = 5.0) -> None:
+    """Raise LocalAPIError when nothing answers at the configured Prefect API (any HTTP reply is an answer: a
+    Prefect Cloud workspace may want its key for /health). Before, a server that was down failed the first flow
+    call after ~20 s of retries, with a 430-line traceback."""
+    try:
+        with urllib.request.urlopen(f"{api_url.rstrip('/')}/health", timeout=timeout_s):
+            return
+    except urllib.error.HTTPError:
+        return
+    except (urllib.error.URLError, OSError, ValueError) as err:
+        reason = getattr(err, "reason", err)
+        raise LocalAPIError(f"the Prefect API at {api_url} (PREFECT_API_URL) does not answer ({reason}): start it "
+                            "(bash infra/services.sh start), or unset PREFECT_API_URL to run on a local API that "
+                            "the command starts") from None
 
 
 def runs_on_local_api() -> bool:

@@ -283,19 +283,19 @@ def test_the_summary_of_a_shared_mode_round_links_its_servers_pages_and_says_a_s
 
 LOCAL_API_SCRIPT = """
 import os, sys
-from flows.local_api import runs_on_local_api, start_local_api
+from flows.local_api import LocalAPIError, runs_on_local_api, start_local_api
 
-wait = start_local_api()
+try:
+    wait = start_local_api()
+except LocalAPIError:  # PREFECT_API_URL named a server that does not answer: refused, nothing started
+    print("refused", os.environ.get("PREFECT_API_URL"), runs_on_local_api())
+    raise SystemExit(0)
 url = os.environ.get("PREFECT_API_URL")
 print("url", url)
 wait()
 
 from prefect import flow
 from prefect.client.orchestration import get_client
-
-if url.endswith(":9/api"):  # PREFECT_API_URL named a server: nothing started, nothing changed
-    print("no-op", url, runs_on_local_api())
-    raise SystemExit(0)
 
 @flow
 def tiny() -> int:
@@ -313,7 +313,7 @@ with get_client(sync_client=True) as client:
 def test_the_cli_starts_prefects_local_api_early_and_the_flow_uses_that_server(tmp_path, api_url):
     """`rlhf demo` starts Prefect's local API while it imports the round, without importing prefect.server itself
     (docs/benchmarks.md: ~3 s of a round's start); the flow runs on that server and the server stops with the
-    process. With PREFECT_API_URL set nothing is started."""
+    process. With PREFECT_API_URL set nothing is started (here it names a port nobody answers on: refused)."""
     import subprocess
     import sys
     from pathlib import Path
@@ -326,7 +326,7 @@ def test_the_cli_starts_prefects_local_api_early_and_the_flow_uses_that_server(t
                           cwd=Path(__file__).parents[1], timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     last = done.stdout.strip().splitlines()[-1]
-    assert last == (f"no-op {api_url} False" if api_url else "api True False True True")
+    assert last == (f"refused {api_url} False" if api_url else "api True False True True")
     if not api_url:  # the server went with the process: nothing listens on its port any more
         url = done.stdout.split("url ", 1)[1].split()[0]
         assert not _listening(int(url.rsplit(":", 1)[1].split("/")[0]))
@@ -335,6 +335,28 @@ def test_the_cli_starts_prefects_local_api_early_and_the_flow_uses_that_server(t
 def _listening(port: int) -> bool:
     with socket.socket() as s:
         return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def test_a_prefect_api_url_that_does_not_answer_is_one_clear_error_before_any_work():
+    """Before: the first flow call retried for ~20 s, then a 430-line traceback. Any HTTP reply is an answer (a Prefect
+    Cloud workspace may want its key for /health)."""
+    import http.server
+    import threading
+
+    from flows.local_api import LocalAPIError, check_prefect_api
+
+    with socket.socket() as s:  # a loopback port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with pytest.raises(LocalAPIError, match=f"the Prefect API at http://127.0.0.1:{port}/api .PREFECT_API_URL. does "
+                                            "not answer .*start it .bash infra/services.sh start., or unset"):
+        check_prefect_api(f"http://127.0.0.1:{port}/api", timeout_s=2)
+    server = http.server.HTTPServer(("127.0.0.1", 0), http.server.BaseHTTPRequestHandler)  # answers 501 to GET
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        check_prefect_api(f"http://127.0.0.1:{server.server_port}/api", timeout_s=2)
+    finally:
+        server.shutdown()
 
 
 def test_a_local_api_that_cannot_start_is_one_clear_error(tmp_path, monkeypatch):
