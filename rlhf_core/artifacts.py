@@ -128,12 +128,16 @@ def umask() -> int:
 
 
 def as_plainly_created(root: Path) -> None:
-    """Give every file under `root` (and `root` itself when a file) the mode a plain open() would: a temp file
-    (mkstemp, as safetensors and our atomic writes use) is 0600, so a team's other accounts (a Prefect worker, an
-    MLflow server) could not read a committed model's weights."""
-    mode = 0o666 & ~umask()
+    """Give every file and directory under `root` (and `root` itself) the mode a plain open() or mkdir() would: a
+    temp file (mkstemp, as safetensors and our atomic writes use) is 0600 and a temp directory (mkdtemp, the store's
+    staging) 0700, so a team's other accounts (a Prefect worker, an MLflow server) could not read a committed
+    model's weights."""
+    file_mode, dir_mode = 0o666 & ~umask(), 0o777 & ~umask()
     for path in [root, *root.rglob("*")] if root.is_dir() else [root]:
-        if path.is_file() and not path.is_symlink() and (path.stat().st_mode & 0o777) != mode:
+        if path.is_symlink():
+            continue
+        mode = dir_mode if path.is_dir() else file_mode if path.is_file() else None
+        if mode is not None and (path.stat().st_mode & 0o777) != mode:
             os.chmod(path, mode)
 
 

@@ -54,6 +54,9 @@ def test_committed_files_and_atomic_writes_have_a_plain_files_mode(tmp_path):
              if p.is_file()}
     assert modes == {Path(weights).name: plain, "sub/table.json": plain, "manifest.json": plain}
     assert plain != 0o600 and store.verify(ref)
+    # the artifact's directory was the staging's mkdtemp (0700): nobody else could list or enter it
+    assert {d: Path(d).stat().st_mode & 0o777 for d in (ref.path, f"{ref.path}/sub")} == dict.fromkeys(
+        (ref.path, f"{ref.path}/sub"), 0o777 & ~umask())
 
 
 def test_commit_lookup_verify_lineage(tmp_path):

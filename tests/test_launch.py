@@ -270,3 +270,32 @@ def test_a_deepspeed_launch_passes_what_the_matching_accelerate_config_says(pres
     given = dict(zip(argv, argv[1:]))  # each flag with the word after it
     assert Path(given["--deepspeed_config_file"]) == (ROOT / settings["deepspeed_config_file"]).resolve()
     assert given["--zero3_init_flag"] == str(settings.get("zero3_init_flag", False)).lower()
+
+
+def test_a_workers_directory_resumes_only_the_run_that_wrote_it(tmp_path):
+    """A worker run by hand (or a GPU check) with new inputs in an old --checkpoint-dir resumed the old run's PPO
+    checkpoint silently; the rank count may change between a kill and its resume."""
+    import argparse
+    import json
+
+    from rlhf_core.workers.ranks import RUN_FILE, check_resumable_dir
+
+    (tmp_path / "policy").mkdir()
+    (tmp_path / "policy" / "manifest.json").write_text(json.dumps({"digest": "ab" * 32}))
+    (tmp_path / "prompts.parquet").write_bytes(b"prompts")
+    (tmp_path / "cfg.json").write_text(json.dumps({"lr": 1e-5, "num_processes": 2}))
+    args = argparse.Namespace(config=str(tmp_path / "cfg.json"), seed=3, policy_dir=str(tmp_path / "policy"),
+                              prompts=str(tmp_path / "prompts.parquet"), ptx=None)
+    inputs, work = ("policy_dir", "prompts", "ptx"), tmp_path / "work"
+    check_resumable_dir(work, args, inputs, main_process=False)
+    assert not (work / RUN_FILE).exists()  # only the main process notes the run
+    check_resumable_dir(work, args, inputs, main_process=True)
+    assert json.loads((work / RUN_FILE).read_text())["inputs"]["policy_dir"] == "digest:" + "ab" * 32
+    (tmp_path / "cfg.json").write_text(json.dumps({"lr": 1e-5, "num_processes": 1}))  # fewer ranks: resumes
+    check_resumable_dir(work, args, inputs, main_process=True)
+    (tmp_path / "prompts.parquet").write_bytes(b"other prompts")
+    with pytest.raises(ValueError, match="holds the work of another run .another prompts.: give this run"):
+        check_resumable_dir(work, args, inputs, main_process=False)
+    (tmp_path / "prompts.parquet").write_bytes(b"prompts")
+    with pytest.raises(ValueError, match="another seed"):
+        check_resumable_dir(work, argparse.Namespace(**vars(args) | {"seed": 4}), inputs, main_process=True)

@@ -111,5 +111,7 @@ def test_encoder_reward_model_trains_and_fast_voting_runs(encoder_dir):
     pairs = _separable_pairs(48)
     model, tok, metrics = train_reward_model(encoder_dir, pairs, CFG, seed=0)
     assert pairwise_accuracy(model, tok, pairs, CFG.max_length) == 1.0
+    # the classifier's bias, a constant every loss cancels, is frozen: on N ranks AdamW stepped on float noise
+    assert model.head().bias is not None and not model.head().bias.requires_grad
     votes, vote_metrics = vote(encoder_dir, pairs, VotingConfig(n_models=3, mode="fast", train=CFG), seed=0)
     assert len(votes) == len(pairs) and (votes["mean"] > 0).mean() == 1.0

@@ -194,8 +194,9 @@ def _one_comparison_per_pair(comparisons: pd.DataFrame) -> tuple[pd.DataFrame, i
                              | (comparisons["tie"] != key.map(kept["tie"])))
     out = comparisons[~dropped].reset_index(drop=True)
     if out["pair_id"].duplicated().any():  # a task id equal to another pair's id: no pair may silently replace one
-        raise ImportFormatError(f"two different pairs share the pair id {out['pair_id'][out['pair_id'].duplicated()].iloc[0]!r}; "
-                                "rename that Label Studio task (data.task_id) and import again")
+        shared = out["pair_id"][out["pair_id"].duplicated()].iloc[0]
+        raise ImportFormatError(f"two different pairs share the pair id {shared!r}; rename that Label Studio task "
+                                "(data.task_id) and import again")
     return out, int(dropped.sum()), int(disagreeing.sum())
 
 

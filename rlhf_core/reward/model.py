@@ -147,7 +147,10 @@ class RewardModel(nn.Module):
         if read not in READS:
             raise ValueError(f"unknown reward read {read!r}; known: {READS}")
         self.classifier = classifier
-        self.head()  # a linear `score` (decoders) or `classifier` (BERT family) head, else a clear error
+        if (bias := self.head().bias) is not None:  # a linear `score` (decoders) or `classifier` (BERT family) head
+            # a constant no loss here can see (each compares rewards): its gradient is 0 in one process, and on a
+            # rank's shard float noise (~1e-9) that AdamW turns into full head_lr steps, shifting every reward
+            bias.requires_grad_(False)
         if getattr(classifier, "score", None) is None and not self.is_encoder():
             # e.g. DistilBERT: `classifier` sits on its own pre_classifier over [CLS]; read as a decoder, the reward
             # would come from the last [SEP] and differ from what the saved model computes

@@ -393,8 +393,11 @@ def train_reward_model(
     Data parallel when world_size > 1 (torch.distributed initialised, e.g. by the train_reward worker):
     every rank draws the same global batches and trains on its shard of each (`rank_shard`); the
     gradients are summed over ranks (`all_reduce_gradients`), so every step is the 1-rank step on the
-    same global batch, up to float summation order. Losses that are not a mean over pairs are refused
-    there (REWARD_DATA_PARALLEL_LIMITS; RewardConfig checks it first). `deepspeed`: the worker's
+    same global batch, up to float summation order, for a backbone without dropout (the simulated world's). With
+    dropout (GPT-2, OPT, the BERT family: 0.1) each rank draws its masks from the same seed for its own shard, where
+    one process draws them over the whole batch: N ranks train an equally valid model, not the same one, and the
+    stage's cache (which leaves num_processes out) serves either to both. Losses that are not a mean over pairs are
+    refused there (REWARD_DATA_PARALLEL_LIMITS; RewardConfig checks it first). `deepspeed`: the worker's
     Accelerator when launched with a DeepSpeed config (ZeRO); the model and optimizer then go through its
     prepare, and its engine takes the backward, the gradient average, the clipping and the optimizer step. Under
     ZeRO-3 the weights the model reads outside their module's call are registered with it (see

@@ -30,7 +30,7 @@ from rlhf_core.artifacts import atomic_write_text
 from rlhf_core.config import PPOConfig
 from rlhf_core.ppo.scoring import gold_scores, reward_scorer
 from rlhf_core.ppo.trainer import Checkpoint, train_ppo
-from rlhf_core.workers.ranks import finish_ranks, start_ranks, worker_parser
+from rlhf_core.workers.ranks import check_resumable_dir, finish_ranks, start_ranks, worker_parser
 
 
 def parse_args(argv: list[str] | None = None):
@@ -57,6 +57,8 @@ def main(argv: list[str] | None = None) -> None:
         # every model as it loads (accelerate's zero3_init_context_manager(False) registers it again). The
         # reference and the reward model must stay whole; the engines partition the policy and the critic.
         unset_hf_deepspeed_config()
+    check_resumable_dir(args.checkpoint_dir, args, ("policy_dir", "reward_model", "prompts", "ptx"),
+                        accelerator.is_main_process)
     cfg = PPOConfig.model_validate_json(Path(args.config).read_text())
     prompts = pd.read_parquet(args.prompts, columns=["prompt"])["prompt"].tolist()
     ptx = None

@@ -4,6 +4,7 @@ cores), and leaving them with the world-size marker the launching task reads."""
 from __future__ import annotations
 
 import argparse
+import json
 import os
 from datetime import timedelta
 from pathlib import Path
@@ -12,7 +13,7 @@ import torch
 from accelerate import Accelerator
 from accelerate.utils import InitProcessGroupKwargs
 
-from rlhf_core.artifacts import atomic_write_text
+from rlhf_core.artifacts import atomic_write_text, sha256_file
 from rlhf_core.workers import die_with_parent
 
 # How long a rank that has finished its share waits for the others at the end. Ranks do unequal work (voter k on rank
@@ -57,6 +58,45 @@ def worker_parser(description: str, config_help: str) -> argparse.ArgumentParser
     p.add_argument("--seed", type=int, required=True)
     p.add_argument("--progress", action="store_true", help="a progress bar on the main process")
     return p
+
+
+RUN_FILE = "run.json"  # in a worker's resumable directory: which run's work it holds
+_EXECUTION_SETTINGS = ("num_processes", "deepspeed")  # a run killed on N ranks resumes on any number
+
+
+def check_resumable_dir(directory: str | Path, args: argparse.Namespace, inputs: tuple[str, ...],
+                        main_process: bool) -> None:
+    """Refuse to resume in `directory` (checkpoints, voters, shards) the work of another run: its config (but the
+    number of ranks), seed or inputs (the `args` named in `inputs`: a store artifact by its digest, a file by its
+    bytes, another directory by its path and newest file's time). The main process notes this run's in
+    `directory/run.json` on first use. Before, a worker run by hand, or a GPU check, with new inputs in an old
+    directory resumed the old run's PPO checkpoint or voters without a word. (A stage's scratch directory is named
+    by its cache key, which covers all of this.)"""
+    config = {k: v for k, v in json.loads(Path(args.config).read_text()).items() if k not in _EXECUTION_SETTINGS}
+    run = {"config": config, "seed": args.seed,
+           "inputs": {name: _identity(getattr(args, name)) for name in inputs if getattr(args, name) is not None}}
+    path = Path(directory) / RUN_FILE
+    if path.is_file():
+        noted = json.loads(path.read_text())
+        if noted != run:
+            changed = sorted(k for k in ("config", "seed") if noted.get(k) != run[k]) + sorted(
+                name for name in set(noted.get("inputs", {})) | set(run["inputs"])
+                if noted.get("inputs", {}).get(name) != run["inputs"].get(name))
+            raise ValueError(f"{directory} holds the work of another run (another {', '.join(changed)}): give "
+                             "this run a directory of its own, or delete that one to start over")
+    elif main_process:
+        Path(directory).mkdir(parents=True, exist_ok=True)
+        atomic_write_text(path, json.dumps(run, indent=2, sort_keys=True))
+
+
+def _identity(path: str) -> str:
+    p = Path(path).resolve()
+    if (p / "manifest.json").is_file():  # an artifact of the store: its digest names its content
+        return "digest:" + json.loads((p / "manifest.json").read_text())["digest"]
+    if p.is_file():
+        return "sha256:" + sha256_file(p)
+    newest = max((f.stat().st_mtime_ns for f in p.rglob("*") if f.is_file()), default=0)
+    return f"{p}@{newest}"
 
 
 def finish_ranks(accelerator: Accelerator, out_dir: str | Path) -> None:

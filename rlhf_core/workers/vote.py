@@ -20,7 +20,7 @@ import pandas as pd
 
 from rlhf_core.config import VotingConfig
 from rlhf_core.reward.voting import run_voters
-from rlhf_core.workers.ranks import finish_ranks, start_ranks, worker_parser
+from rlhf_core.workers.ranks import check_resumable_dir, finish_ranks, start_ranks, worker_parser
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -36,6 +36,7 @@ def main(argv: list[str] | None = None) -> None:
     accelerator = start_ranks()
     rank, world_size = accelerator.process_index, accelerator.num_processes
 
+    check_resumable_dir(args.voter_dir, args, ("init_dir", "pairs"), accelerator.is_main_process)
     cfg = VotingConfig.model_validate_json(Path(args.config).read_text())
     pairs = pd.read_parquet(args.pairs)
     trained = run_voters(args.init_dir, pairs, cfg, args.seed, args.voter_dir, rank=rank, world_size=world_size,
