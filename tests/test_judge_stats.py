@@ -39,6 +39,7 @@ def test_verdict_metrics_flat_names_and_empty_input():
 
 def test_agreement_between_judges():
     assert agreement(["win", "tie", "lose", "win"], ["win", "lose", "lose", "tie"]) == 0.5
+    assert agreement(["win", "tie", "lose", "win"], ["win", "tie", "lose", "tie"]) == 0.75  # not 1 - agreement
     assert math.isnan(agreement([], []))
     with pytest.raises(ValueError, match="not the same pairs"):
         agreement(["win"], ["win", "tie"])

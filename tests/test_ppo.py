@@ -201,21 +201,25 @@ def test_policy_loss_gradient_vanishes_when_clipped():
 
 
 def test_value_loss_clipping():
-    returns, old_values, mask = torch.tensor([[2.0, 2.0]]), torch.tensor([[1.0, 1.0]]), torch.tensor([[1, 1]])
-    values = torch.tensor([[1.5, 1.1]])
-    # token 0: moved 0.5 > 0.2 -> clipped to 1.2: max(0.25, 0.64) = 0.64; token 1: inside, 0.81 both ways
+    returns, old_values = torch.tensor([[2.0, 2.0, 0.0]]), torch.tensor([[1.0, 1.0, 1.0]])
+    values, mask = torch.tensor([[1.5, 1.1, 0.5]]), torch.tensor([[1, 1, 1]])
+    # token 0: moved +0.5 > 0.2 -> clipped to 1.2: max(0.25, 0.64) = 0.64; token 1: inside, 0.81 both ways;
+    # token 2: moved -0.5 -> clipped to 0.8: max(0.25, 0.64) = 0.64 (a clip of V + V_old would give 1.2: 1.44)
     loss, metrics = value_loss(values, old_values, returns, mask, value_clip=0.2, clip_vloss=True)
-    assert loss.item() == pytest.approx(0.5 * (0.64 + 0.81) / 2)
-    assert metrics["clipfrac"] == pytest.approx(0.5)
-    assert metrics["error"] == pytest.approx((0.25 + 0.81) / 2)
+    assert loss.item() == pytest.approx(0.5 * (0.64 + 0.81 + 0.64) / 3)
+    assert metrics["clipfrac"] == pytest.approx(2 / 3)
+    assert metrics["error"] == pytest.approx((0.25 + 0.81 + 0.25) / 3)
     loss, _ = value_loss(values, old_values, returns, mask, value_clip=0.2, clip_vloss=False)
-    assert loss.item() == pytest.approx(0.5 * (0.25 + 0.81) / 2)
+    assert loss.item() == pytest.approx(0.5 * (0.25 + 0.81 + 0.25) / 3)
 
 
 def test_explained_variance():
     returns, mask = torch.tensor([[1.0, 2.0, 3.0, 50.0]]), torch.tensor([[1, 1, 1, 0]])
     assert explained_variance(returns, returns, mask) == pytest.approx(1.0)
     assert explained_variance(torch.full((1, 4), 2.0), returns, mask) == pytest.approx(0.0)
+    # Var[R] 4 (not 1): R - V = [0, 1, 2] has a quarter of it
+    wider = torch.tensor([[1.0, 3.0, 5.0, 50.0]])
+    assert explained_variance(torch.tensor([[1.0, 2.0, 3.0, 0.0]]), wider, mask) == pytest.approx(0.75)
 
 
 # ---------------------------------------------------------------- sampler

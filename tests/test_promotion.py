@@ -136,6 +136,17 @@ def test_a_champion_that_moved_while_the_round_was_judged_is_not_replaced(tmp_pa
     assert client.get_registered_model("rlhf-policy").aliases == {"champion": 2}
     result = promote.fn(ctx, rule, ours, evaluation, "rlhf-policy v2 (champion)", "2")  # judged against v2: it wins
     assert result["promoted"] is True and client.get_registered_model("rlhf-policy").aliases == {"champion": 3}
+    # a win rate at the threshold is not above it: not promoted
+    with ctx.store.staging() as staged:
+        (staged / "judgements.txt").write_text("level")
+        level = ctx.store.commit(staged, kind="evaluation", stage="evaluate", stage_version="1", code_version="t",
+                                 config={}, config_digest="c", inputs={}, cache_key="k2",
+                                 metrics={"eval/judge/win_rate": 0.4, "eval/judge/tie_rate": 0.2})
+    client.create_model_version("rlhf-policy", source=str(tmp_path), tags={"rlhf.digest": "level"})
+    level_policy = ArtifactRef(kind="policy", digest="level", path=str(tmp_path))
+    result = promote.fn(ctx, rule, level_policy, level, "rlhf-policy v3 (champion)", "3")
+    assert result["win_rate"] == pytest.approx(0.5) and result["promoted"] is False
+    assert client.get_registered_model("rlhf-policy").aliases == {"champion": 3}
 
 
 def test_a_champion_of_another_model_is_named_by_what_differs(tmp_path):

@@ -431,6 +431,25 @@ def _votes_for(pairs: pd.DataFrame, means: list[float], band: float = 0.1, scale
     )
 
 
+def test_the_training_loss_reads_the_margin_and_soft_label_that_denoising_writes(init_dir):
+    """Without this, denoising could have no effect on the reward model and no test would notice."""
+    from rlhf_core.reward.losses import preference_loss
+    from rlhf_core.reward.train import _pair_batch, pair_loss
+
+    pairs = make_pairs(4, seed=3).assign(margin=[0.0, 0.5, 1.0, 2.0], soft_label=[1.0, 0.9, 0.5, 0.2])
+    model, cfg = RewardModel.from_policy(init_dir, 0, "end_token+logprob"), RewardTrainConfig()
+    batch = _pair_batch(models.build_tokenizer(), pairs, 64)
+    with torch.no_grad():
+        rewards = model(**batch)  # chosen rows first
+        loss, _ = pair_loss(model, batch, pairs, cfg)
+        d = rewards[:4] - rewards[4:] - torch.tensor([0.0, 0.5, 1.0, 2.0])
+        p = torch.tensor([1.0, 0.9, 0.5, 0.2])
+        by_hand = -(p * F.logsigmoid(d) + (1 - p) * F.logsigmoid(-d)).mean()
+        plain, _ = preference_loss(rewards[:4], rewards[4:])
+    torch.testing.assert_close(loss, by_hand)
+    assert abs(loss.item() - plain.item()) > 0.1  # the columns change the loss
+
+
 def test_denoise_flips_exactly_the_negative_pairs():
     pairs = make_pairs(5)
     pairs["soft_label"] = [1.0, 1.0, 1.0, 1.0, 0.8]  # the annotators' own target for the last pair
@@ -456,21 +475,24 @@ def test_denoise_flips_exactly_the_negative_pairs():
 def test_denoise_methods_follow_part_two():
     pairs = make_pairs(4)
     pairs["tie"] = [False, False, False, True]
-    pairs["soft_label"] = [1.0, 1.0, 1.0, 0.5]
+    pairs["soft_label"] = [0.8, 0.8, 1.0, 0.5]  # the annotators' own targets: under 1, so (1 - p) terms count
     votes = _votes_for(pairs, [-1.0, 0.05, 2.0, -3.0])
     run = {m: denoise(pairs, votes, DenoiseConfig(method=m))[0] for m in
            ("baseline", "flip", "margin", "flip_margin", "soft_label_margin")}
 
     base = run["baseline"]
     assert not base["flipped"].any() and base["chosen"].tolist() == pairs["chosen"].tolist()
-    assert base["soft_label"].tolist() == [1.0, 1.0, 1.0, 0.5] and base["margin"].tolist() == [0.0] * 4
+    assert base["soft_label"].tolist() == [0.8, 0.8, 1.0, 0.5] and base["margin"].tolist() == [0.0] * 4
     assert run["flip"]["flipped"].tolist() == [True, False, False, False]  # never a tie
+    # the flipped pair keeps p (its texts swapped); the ambiguous one is smoothed: 0.8 * 0.9 + 0.2 * 0.1
+    np.testing.assert_allclose(run["flip"]["soft_label"], [0.8, 0.74, 1.0, 0.5])
     assert run["flip"]["margin"].tolist() == [0.0] * 4
     np.testing.assert_allclose(run["margin"]["margin"], [-0.5, 0.025, 1.0, 0.0])  # signed, unflipped; tie: 0
     np.testing.assert_allclose(run["flip_margin"]["margin"], [0.5, 0.025, 1.0, 0.0])
     soft = run["soft_label_margin"]
     assert not soft["flipped"].any()
-    np.testing.assert_allclose(soft["soft_label"], [1 / (1 + math.e), 0.9, 1.0, 0.5])  # sigmoid(z) for mean < 0
+    q = 1 / (1 + math.e)  # sigmoid(z) for mean < 0, composed with the annotators' 0.8: p q + (1 - p)(1 - q)
+    np.testing.assert_allclose(soft["soft_label"], [0.8 * q + 0.2 * (1 - q), 0.74, 1.0, 0.5])
     np.testing.assert_allclose(soft["margin"], [-0.5, 0.025, 1.0, 0.0])
     assert all(r["soft_label"][3] == 0.5 and not r["flipped"][3] for r in run.values())
 

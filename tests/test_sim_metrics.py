@@ -80,6 +80,14 @@ def test_flip_report_counts_fixed_and_broken_labels():
     assert r["flip_recall_excl_gold_ties"] == 0.5
     assert r["gold_agreement_before_excl_gold_ties"] == pytest.approx(1 / 3)
     assert r["gold_agreement_after_excl_gold_ties"] == pytest.approx(1 / 3)  # a fixed, b broken, c still wrong
+    # every figure different (above, precision = recall and fixed = broken: swapped definitions passed)
+    comparisons = _pairs([("a", p, " It is 3.", " It is 2."), ("c", p, " It is 4.", " It is 2."),  # wrong, flipped
+                          ("e", p, " It is 5.", " It is 2."),  # wrong, kept
+                          ("b", p, " It is 2.", " It is 3."), ("f", p, " It is 2.", " It is 4.")])  # right, kept
+    denoised = pd.DataFrame({"pair_id": list("acebf"), "flipped": [True, True, False, False, False]})
+    assert flip_report(comparisons, denoised) == pytest.approx({
+        "flip_precision_excl_gold_ties": 1.0, "flip_recall_excl_gold_ties": 2 / 3, "labels_fixed": 2,
+        "labels_broken": 0, "gold_agreement_before_excl_gold_ties": 2 / 5, "gold_agreement_after_excl_gold_ties": 4 / 5})
 
 
 def test_agreement_by_strength_decile_sorts_by_strength():
