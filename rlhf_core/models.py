@@ -121,6 +121,14 @@ def architecture_differences(a: str | Path, b: str | Path) -> list[str]:
     return [f"{k}: {ca.get(k)} vs {cb.get(k)}" for k in ARCHITECTURE_KEYS if ca.get(k) != cb.get(k)]
 
 
+def dropout_probability(model_dir: str | Path) -> float:
+    """The largest dropout probability a Hugging Face model's config.json sets (attention_dropout,
+    hidden_dropout_prob, resid_pdrop, ...); 0.0 when it sets none (the simulated world's tiny Qwen2)."""
+    config = json.loads((Path(model_dir) / "config.json").read_text())
+    return max((float(v) for k, v in config.items() if ("dropout" in k or k.endswith("pdrop"))
+                and isinstance(v, (int, float)) and not isinstance(v, bool)), default=0.0)
+
+
 def classification_head(model: torch.nn.Module) -> torch.nn.Linear:
     """The scalar head of a `*ForSequenceClassification`: `score` on decoders (Qwen2, Llama), `classifier`
     on encoders (BERT family)."""

@@ -12,7 +12,7 @@ from transformers import PreTrainedTokenizerBase
 
 from rlhf_core.artifacts import ArtifactRef
 from rlhf_core.config import RewardConfig
-from rlhf_core.models import load_tokenizer
+from rlhf_core.models import dropout_probability, load_tokenizer
 from rlhf_core.reward.model import RewardModel, score_texts
 from rlhf_core.reward.train import pair_reward_diffs, train_reward_model
 from rlhf_core.schemas import read_table
@@ -59,8 +59,11 @@ def train_reward(ctx: RunContext, cfg: RewardConfig, denoised: ArtifactRef, comp
                                              operations))
         return metrics
 
+    # with dropout, N data-parallel ranks draw other masks than one process does (rlhf_core/reward/train.py): they
+    # train another model, so the number of ranks is part of the key
+    same_model = EXECUTION_SETTINGS if dropout_probability(policy.path) == 0 else EXECUTION_SETTINGS - {"num_processes"}
     return run_stage(ctx, stage="reward", version=VERSION, kind="reward_model",
-                     config={"reward": cfg.model_dump(exclude=EXECUTION_SETTINGS), "seed": seed, "simulated": simulated,
+                     config={"reward": cfg.model_dump(exclude=same_model), "seed": seed, "simulated": simulated,
                              "world": {"max_operand": max_operand, "operations": list(operations)}},
                      inputs={"denoised": denoised, "comparisons": comparisons, "policy": policy, "world": world}
                      | ({"responses": responses} if cfg.train.meta.enabled else {}),

@@ -162,3 +162,20 @@ def stage_run(client, summary: dict, stage: str):
     runs = client.search_runs([client.get_run(parent).info.experiment_id],
                               filter_string=f"tags.mlflow.parentRunId = '{parent}'")
     return next(r for r in runs if r.data.tags["rlhf.stage"] == stage)
+
+
+def test_dropout_probability_reads_every_dropout_field_of_a_config(tmp_path, init_dir):
+    """The reward stage keys its cache on the number of ranks only when the backbone has dropout (N ranks draw
+    other masks than one process): the tiny world's Qwen2 has none, BERT and GPT-2 configs 0.1."""
+    import json
+
+    from rlhf_core.models import dropout_probability
+
+    assert dropout_probability(init_dir) == 0.0
+    for name, config in {"bert": {"hidden_dropout_prob": 0.1, "attention_probs_dropout_prob": 0.1,
+                                  "classifier_dropout": None},
+                         "gpt2": {"resid_pdrop": 0.1, "embd_pdrop": 0.05, "attn_pdrop": 0.1, "use_cache": True},
+                         "none": {"hidden_size": 8, "tie_word_embeddings": True}}.items():
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.json").write_text(json.dumps(config))
+    assert [dropout_probability(tmp_path / n) for n in ("bert", "gpt2", "none")] == [0.1, 0.1, 0.0]

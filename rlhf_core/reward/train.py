@@ -395,8 +395,8 @@ def train_reward_model(
     gradients are summed over ranks (`all_reduce_gradients`), so every step is the 1-rank step on the
     same global batch, up to float summation order, for a backbone without dropout (the simulated world's). With
     dropout (GPT-2, OPT, the BERT family: 0.1) each rank draws its masks from the same seed for its own shard, where
-    one process draws them over the whole batch: N ranks train an equally valid model, not the same one, and the
-    stage's cache (which leaves num_processes out) serves either to both. Losses that are not a mean over pairs are
+    one process draws them over the whole batch: N ranks train an equally valid model, not the same one (the
+    reward stage then keys its cache on the number of ranks too). Losses that are not a mean over pairs are
     refused there (REWARD_DATA_PARALLEL_LIMITS; RewardConfig checks it first). `deepspeed`: the worker's
     Accelerator when launched with a DeepSpeed config (ZeRO); the model and optimizer then go through its
     prepare, and its engine takes the backward, the gradient average, the clipping and the optimizer step. Under
