@@ -386,6 +386,30 @@ def test_fast_mode_votes_with_heads_over_one_trunk(init_dir):
         vote(init_dir, pairs, VotingConfig(n_models=2, mode="fast", scheme="out_of_fold"), seed=0)
 
 
+def test_fast_mode_heads_learn_only_from_the_pairs_their_bootstrap_weights_give_them(init_dir, monkeypatch):
+    """Head 0's Poisson weights all 0: it trains on nothing and stays where it started (with ones for every head
+    the heads still differ, by their start: no other test would notice the weights ignored)."""
+    from rlhf_core.reward import voting
+
+    made, start = [], []
+
+    class Observed(voting.SharedTrunkVoters):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            made.append(self)
+            start.append([h.weight.detach().clone() for h in self.heads] + [self.logprob_weights.detach().clone()])
+
+    bootstrap = voting.bootstrap_weights
+    monkeypatch.setattr(voting, "bootstrap_weights", lambda rng, n, m: bootstrap(rng, n, m) * torch.tensor([0., 1, 1]))
+    monkeypatch.setattr(voting, "SharedTrunkVoters", Observed)
+    cfg = VotingConfig(n_models=3, mode="fast", train=RewardTrainConfig(epochs=1, batch_size=8, lr=3e-3, max_length=64,
+                                                                       weight_decay=0.0))
+    vote(init_dir, make_pairs(16, seed=7), cfg, seed=0)
+    heads, logprob_weights = made[0].heads, made[0].logprob_weights.detach()
+    assert torch.equal(heads[0].weight, start[0][0]) and logprob_weights[0] == start[0][3][0]
+    assert not torch.equal(heads[1].weight, start[0][1]) and not torch.equal(heads[2].weight, start[0][2])
+
+
 def test_fast_mode_weighted_read_starts_as_the_plain_read_and_trains_per_head_token_weights(init_dir, monkeypatch):
     from rlhf_core.reward import voting
     from rlhf_core.reward.train import _pair_batch

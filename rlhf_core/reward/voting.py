@@ -245,6 +245,12 @@ def _vote_metrics(diffs: np.ndarray, cfg: VotingConfig, train_acc: list[float], 
     return metrics
 
 
+def bootstrap_weights(rng: np.random.Generator, n_pairs: int, n_heads: int) -> torch.Tensor:
+    """(n_pairs, n_heads) Poisson(1) counts: head m trains on each pair as often as a bootstrap sample would hold
+    it (the online bootstrap), so the heads see different data as faithful voters' data orders differ."""
+    return torch.tensor(rng.poisson(1.0, size=(n_pairs, n_heads)), dtype=torch.float32)
+
+
 class SharedTrunkVoters(nn.Module):
     """M heads and M log-likelihood weights (and, with the weighted read, M per-token weights) over one
     reward-model trunk (voting's fast mode)."""
@@ -299,8 +305,7 @@ def shared_trunk_diffs(init_dir, pairs: pd.DataFrame, cfg: VotingConfig, seed: i
     voters = SharedTrunkVoters(RewardModel.from_policy(init_dir, seed, tcfg.read), cfg.n_models).to(device)
     tokenizer = models.load_tokenizer(init_dir)
     rng = np.random.default_rng(seed)
-    weights = torch.tensor(rng.poisson(1.0, size=(len(pairs), cfg.n_models)), dtype=torch.float32,
-                           device=device)  # (N, M)
+    weights = bootstrap_weights(rng, len(pairs), cfg.n_models).to(device)  # (N, M)
     head_params = list(voters.heads.parameters()) + ([voters.logprob_weights] if voters.logprob_weights.requires_grad
                                                      else [])
     if voters.token_weights is not None:
