@@ -93,10 +93,10 @@ def check_round_inputs(workdir: str | Path, start_policy: ArtifactRef | None,
     """Refuse a round's given start_policy or earlier_pairs that is not there, before any stage runs: a missing one
     failed only at the stage that read it (generate, or accumulate_pairs after six stages), as a transformers repo-id
     error or a "damaged artifact" that `rlhf verify` cannot find."""
-    store = ArtifactStore(Path(workdir) / "artifacts")
     for name, ref, kind in (("start_policy", start_policy, "policy"), ("earlier_pairs", earlier_pairs, "comparisons")):
         if ref is None:
             continue
+        store = ArtifactStore(Path(workdir) / "artifacts")  # only then: a round given neither makes nothing here
         if ref.kind != kind:
             raise ConfigError(f"{name} is a {ref.kind} artifact ({ref.path}); give a {kind} artifact")
         in_store = Path(ref.path).resolve().parent.parent == store.root.resolve()  # else a registry download

@@ -30,9 +30,9 @@ SFT_FIELDS = {"max_operand", "operations", "demo_correct_prob", "demo_style_prob
 
 @task(name="world", version=WORLD_VERSION, cache_policy=NO_CACHE)
 def build_world(ctx: RunContext, cfg: WorldConfig, seed: int) -> ArtifactRef:
-    """The simulated prompt pool (to sample from) and the held-out evaluation prompts, distinct texts held out by
-    text: no held-out prompt is in the pool, so neither the SFT policy nor a reward model trains on one. (The world is
-    small: the same problem with the same styles can still be in the pool under another template.)"""
+    """The simulated prompt pool (to sample from) and the held-out evaluation prompts, held out by text: no held-out
+    prompt is in the pool, so neither the SFT policy nor a reward model trains on one; they are distinct texts. (The
+    world is small: the same problem with the same styles can still be in the pool under another template.)"""
 
     def produce(out: Path, run: StageRun) -> dict[str, float]:
         kwargs = {"max_operand": cfg.max_operand, "ops": cfg.operations, "result_tags": cfg.result_tags}
