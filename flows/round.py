@@ -353,12 +353,11 @@ def _run_stages(config: RoundConfig, stop_after: StageName | None, round_no: int
             out["evaluate_vs_previous"] = evaluate(ctx, config.evaluation, out["ppo"], start_policy, out["reward"],
                                                    out["world"], config.reward.train, seed, baseline_name="previous")
             stop = stop_reason(ctx, config.iteration, out["evaluate_vs_previous"])
-        if (promotion := earlier_promotion(ctx, out["ppo"])) is not None:  # a re-run: decided when first judged
-            pass
-        elif (judged := evaluation_against_champion(ctx, config, out, seed)) is not None:
-            promotion = promote(ctx, config.iteration, out["ppo"], *judged)  # (evaluation, against, champion then)
-        else:
-            promotion = {"promoted": False, "reason": "the round's policy already is the champion"}
+        promotion = earlier_promotion(ctx, out["ppo"])  # run again after the champion moved: decided when judged
+        if promotion is None:
+            judged = evaluation_against_champion(ctx, config, out, seed)  # (evaluation, against, champion then)
+            promotion = (promote(ctx, config.iteration, out["ppo"], *judged) if judged is not None else
+                         {"promoted": False, "reason": "the round's policy already is the champion"})
         return finish_round(ctx, out, {"promotion": promotion, "stop": stop})
     except BaseException:
         ctx.tracker.end_run(ctx.parent_run_id, status="FAILED")

@@ -198,6 +198,11 @@ class ArtifactStore:
         self.root = Path(root).resolve()
         self.root.mkdir(parents=True, exist_ok=True)
 
+    def holds(self, ref: ArtifactRef) -> bool:
+        """Whether `ref` is one of this store's artifacts (root/kind/digest), not a directory elsewhere (a
+        registry download, which has no manifest)."""
+        return Path(ref.path).resolve().parent.parent == self.root
+
     @contextmanager
     def staging(self) -> Iterator[Path]:
         """A fresh directory to write an artifact into; removed if not committed."""

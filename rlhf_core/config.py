@@ -638,6 +638,9 @@ PPO_PRESETS: dict[str, dict[str, Any]] = {
 # model_dump(context=RESOLVED) writes the preset's values of the switches rather than null (MLflow params,
 # cache keys); a plain dump keeps them null, so it reloads under another preset as that preset.
 RESOLVED = {"resolved": True}
+# how a stage runs, not what it computes: out of cache keys, of a PPO checkpoint's run identity and of a worker's
+# run.json (a run killed on N ranks resumes on any number)
+EXECUTION_SETTINGS = frozenset({"num_processes", "deepspeed"})
 
 
 def _preset_note(key: str) -> str:

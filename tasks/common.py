@@ -433,9 +433,7 @@ def run_stage(
         # a damaged input fails as "Parquet magic bytes not found" or "Corrupt snappy data", naming nothing
         # (only the store's own artifacts: a registry download has no manifest, and is no damaged artifact)
         if isinstance(err, Exception) and (damaged := {name: problems for name, ref in inputs.items()
-                                                       if Path(ref.path).resolve().parent.parent
-                                                       == store.root.resolve()
-                                                       and (problems := store.damage(ref))}):
+                                                       if store.holds(ref) and (problems := store.damage(ref))}):
             raise DamagedArtifactError(damaged_message(inputs, damaged, ctx.workdir)) from err
         raise
 

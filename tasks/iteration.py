@@ -99,8 +99,7 @@ def check_round_inputs(workdir: str | Path, start_policy: ArtifactRef | None,
         store = ArtifactStore(Path(workdir) / "artifacts")  # only then: a round given neither makes nothing here
         if ref.kind != kind:
             raise ConfigError(f"{name} is a {ref.kind} artifact ({ref.path}); give a {kind} artifact")
-        in_store = Path(ref.path).resolve().parent.parent == store.root.resolve()  # else a registry download
-        problems = store.damage(ref, hash_files=False) if in_store else (
+        problems = store.damage(ref, hash_files=False) if store.holds(ref) else (
             [] if Path(ref.path).is_dir() else ["no such directory"])
         if problems:
             raise ConfigError(f"{name} {ref.kind}:{ref.digest[:12]} at {ref.path} is not there intact "
@@ -236,8 +235,7 @@ def series_start(workdir: str | Path, name: str, round_no: int,
         return pinned.policy, pinned.source
     policy, source = resolve()
     started[name] = StartedRound(round_no=round_no, policy=policy, source=source)
-    atomic_write_text(Path(workdir) / STARTED_ROUNDS,
-                      json.dumps({n: r.model_dump(mode="json") for n, r in started.items()}, indent=2))
+    _write_started_rounds(workdir, started)
     return policy, source
 
 
@@ -250,8 +248,12 @@ def forget_series_start(workdir: str | Path, key: str) -> None:
     """Drop `key`'s pinned start (an rlhf-rounds series that finished: the next series resolves its start anew)."""
     started = _started_rounds(workdir)
     if started.pop(key, None) is not None:
-        atomic_write_text(Path(workdir) / STARTED_ROUNDS,
-                          json.dumps({n: r.model_dump(mode="json") for n, r in started.items()}, indent=2))
+        _write_started_rounds(workdir, started)
+
+
+def _write_started_rounds(workdir: str | Path, started: dict[str, StartedRound]) -> None:
+    atomic_write_text(Path(workdir) / STARTED_ROUNDS,
+                      json.dumps({n: r.model_dump(mode="json") for n, r in started.items()}, indent=2))
 
 
 def _started_rounds(workdir: str | Path) -> dict[str, StartedRound]:

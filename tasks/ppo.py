@@ -13,9 +13,9 @@ from torch import nn
 
 from rlhf_core import models
 from rlhf_core.artifacts import ArtifactRef
-from rlhf_core.config import RESOLVED, PPOConfig, RewardTrainConfig
+from rlhf_core.config import EXECUTION_SETTINGS, RESOLVED, PPOConfig, RewardTrainConfig
 from rlhf_core.ppo.scoring import gold_scores, reward_scorer  # noqa: F401 - reward_scorer is also evaluation's
-from rlhf_core.ppo.trainer import EXECUTION_SETTINGS, train_ppo
+from rlhf_core.ppo.trainer import train_ppo
 from rlhf_core.schemas import read_table
 from tasks.common import RunContext, StageRun, run_stage
 from tasks.launch import group_world_size, run_worker

@@ -11,7 +11,7 @@ from prefect.cache_policies import NO_CACHE
 from transformers import PreTrainedTokenizerBase
 
 from rlhf_core.artifacts import ArtifactRef
-from rlhf_core.config import RewardConfig
+from rlhf_core.config import EXECUTION_SETTINGS, RewardConfig
 from rlhf_core.models import dropout_probability, load_tokenizer
 from rlhf_core.reward.model import RewardModel, score_texts
 from rlhf_core.reward.train import pair_reward_diffs, train_reward_model
@@ -21,7 +21,6 @@ from tasks.common import RunContext, StageRun, _stage_logger, run_stage
 from tasks.launch import group_world_size, run_worker
 
 VERSION = "3"
-EXECUTION_SETTINGS = {"num_processes", "deepspeed"}  # how the model is trained, not which: out of the cache key
 
 
 @task(name="reward", version=VERSION, cache_policy=NO_CACHE)

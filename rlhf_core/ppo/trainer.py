@@ -30,7 +30,7 @@ from torch import nn
 from transformers import AutoModel
 
 from rlhf_core.artifacts import atomic_write
-from rlhf_core.config import RESOLVED, PPOConfig
+from rlhf_core.config import EXECUTION_SETTINGS, RESOLVED, PPOConfig
 from rlhf_core.models import default_device, format_query, load_policy, load_reward_model, load_tokenizer
 from rlhf_core.ops import entropy_from_logits, logprobs_from_logits, masked_mean, masked_whiten
 from rlhf_core.generation.sampler import sample_batch
@@ -51,8 +51,6 @@ from rlhf_core.progress import progress_bar
 from rlhf_core.sft import collate, encode_example
 
 RewardFn = Callable[[list[str], list[str]], torch.Tensor]  # (prompts, responses) -> scores (B,)
-# how PPO runs, not what it computes: out of cache keys and of a checkpoint's run identity
-EXECUTION_SETTINGS = frozenset({"num_processes", "deepspeed"})
 
 
 class Critic(nn.Module):

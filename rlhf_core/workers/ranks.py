@@ -14,6 +14,7 @@ from accelerate import Accelerator
 from accelerate.utils import InitProcessGroupKwargs
 
 from rlhf_core.artifacts import atomic_write_text, sha256_file
+from rlhf_core.config import EXECUTION_SETTINGS
 from rlhf_core.workers import die_with_parent
 
 # How long a rank that has finished its share waits for the others at the end. Ranks do unequal work (voter k on rank
@@ -61,7 +62,6 @@ def worker_parser(description: str, config_help: str) -> argparse.ArgumentParser
 
 
 RUN_FILE = "run.json"  # in a worker's resumable directory: which run's work it holds
-_EXECUTION_SETTINGS = ("num_processes", "deepspeed")  # a run killed on N ranks resumes on any number
 
 
 def check_resumable_dir(directory: str | Path, args: argparse.Namespace, inputs: tuple[str, ...],
@@ -72,7 +72,7 @@ def check_resumable_dir(directory: str | Path, args: argparse.Namespace, inputs:
     `directory/run.json` on first use. Before, a worker run by hand, or a GPU check, with new inputs in an old
     directory resumed the old run's PPO checkpoint or voters without a word. (A stage's scratch directory is named
     by its cache key, which covers all of this.)"""
-    config = {k: v for k, v in json.loads(Path(args.config).read_text()).items() if k not in _EXECUTION_SETTINGS}
+    config = {k: v for k, v in json.loads(Path(args.config).read_text()).items() if k not in EXECUTION_SETTINGS}
     run = {"config": config, "seed": args.seed,
            "inputs": {name: _identity(getattr(args, name)) for name in inputs if getattr(args, name) is not None}}
     path = Path(directory) / RUN_FILE
