@@ -25,6 +25,7 @@ import importlib
 import json
 import os
 import platform
+import shlex
 import shutil
 import statistics
 import subprocess
@@ -84,16 +85,20 @@ def untracked_run(scratch: Path):
 def run_produce(ctx, *, stage: str, kind: str, produce, metrics: dict[str, dict], **bookkeeping):
     """What `run_stage` computes, without what only orchestration needs: `produce` writes the stage's output into
     <workdir>/direct/<stage> (its scratch beside it, removed afterwards as run_stage does), and the output is named
-    by its content digest (run_stage's commit hashes it too; the generate stage names responses by the policy's).
-    The stage's metrics go to `metrics`[stage]. `bookkeeping` (version, config, inputs, registration, execution
-    settings) only makes run_stage's cache key, manifest and MLflow run."""
-    from rlhf_core.artifacts import ArtifactRef, content_digest
+    by its content digest with the provenance run_stage's commit adds (the generate stage names responses by the
+    policy's). The stage's metrics go to `metrics`[stage]. `bookkeeping` (version, config, inputs, registration,
+    execution settings) otherwise only makes run_stage's cache key, manifest and MLflow run."""
+    from rlhf_core.artifacts import ArtifactRef, content_digest, write_provenance
+    from tasks.common import stage_key
 
     out = Path(ctx.workdir) / "direct" / stage
     out.mkdir(parents=True)
     scratch = Path(ctx.workdir) / "scratch" / stage
     metrics[stage] = dict(produce(out, untracked_run(scratch)))
     shutil.rmtree(scratch, ignore_errors=True)
+    version, inputs = bookkeeping["version"], bookkeeping["inputs"]
+    _, cfg_digest, _ = stage_key(stage, version, bookkeeping["config"], inputs)
+    write_provenance(out, stage, version, cfg_digest, {n: r.digest for n, r in inputs.items()})
     return ArtifactRef(kind=kind, digest=content_digest(out)[0], path=str(out))
 
 
@@ -380,7 +385,7 @@ def summarise(runs: dict[str, list[dict]], args: argparse.Namespace) -> dict:
                 for stage, key in (("reward", "reward/gold_accuracy_heldout"), ("evaluate", "eval/judge/win_rate"))}
     return {
         "benchmark": "orchestration_overhead",
-        "command": "python benchmarks/orchestration_overhead.py " + " ".join(args.argv),
+        "command": "python benchmarks/orchestration_overhead.py " + shlex.join(args.argv),
         "config": args.config or "the embedded demo", "seed": 0, "repeats": args.repeats,
         "date": f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC",
         "machine": machine(args.load_at_start),

@@ -1,7 +1,8 @@
 """A content-addressed artifact store with manifests and atomic writes.
 
 Layout under `root`:
-    <kind>/<digest>/...            the artifact's files + manifest.json (a Parquet table, an HF model dir, ...)
+    <kind>/<digest>/...            the artifact's files + provenance.json + manifest.json (a Parquet table, an HF
+                                   model dir, ...)
     cache/<cache_key>.json         which artifact a (stage, stage version, config, inputs) produced
     .staging/<random>/             where a stage writes before its artifact is committed
     plots/<cache_key>/*.png        the figures the stage execution logged (shown again on a cache hit)
@@ -9,7 +10,10 @@ Layout under `root`:
 A stage writes into a staging directory; `commit` hashes every file, writes the manifest and
 renames the directory into place in one `os.rename`, so a killed stage never leaves a half
 artifact where a later stage would read it. The digest covers the whole content (every byte of
-every file, and the relative paths), not a sample of it.
+every file, and the relative paths), not a sample of it. It covers provenance.json too, which names the
+execution (the cache key's stage, version, config digest and inputs): two executions that write the same
+tables are two artifacts, each with its own manifest (its metrics, its inputs), never one manifest speaking
+for both.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from typing import Any, BinaryIO, Callable, Iterator
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 MANIFEST = "manifest.json"
+PROVENANCE = "provenance.json"
 STORE_DIRS = {"cache", ".staging", "plots"}  # beside the kinds' directories, not artifacts
 
 
@@ -116,6 +121,14 @@ def cache_key(stage: str, stage_version: str, config_digest: str, input_digests:
         sort_keys=True,
     )
     return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def write_provenance(staged: Path, stage: str, stage_version: str, config_digest: str,
+                     input_digests: dict[str, str]) -> None:
+    """The execution that made an artifact, as its content: the ingredients of its cache key."""
+    record = {"stage": stage, "stage_version": stage_version, "config_digest": config_digest,
+              "inputs": dict(sorted(input_digests.items()))}
+    (staged / PROVENANCE).write_text(json.dumps(record, indent=2) + "\n")
 
 
 def umask() -> int:
@@ -237,10 +250,12 @@ class ArtifactStore:
         schema_version: int = 1,
         metrics: dict[str, float] | None = None,
     ) -> ArtifactRef:
-        """Hash the staged content, write its manifest, move it into place and index its cache key."""
-        digest, files = content_digest(staged)
-        if not files:
+        """Hash the staged content and its provenance, write its manifest, move it into place and index its
+        cache key."""
+        if not any(p.is_file() for p in staged.rglob("*")):
             raise ValueError(f"refusing to commit an empty {kind} artifact from stage {stage}")
+        write_provenance(staged, stage, stage_version, config_digest, {n: r.digest for n, r in inputs.items()})
+        digest, files = content_digest(staged)
         manifest = Manifest(
             kind=kind,
             digest=digest,
@@ -330,19 +345,42 @@ class ArtifactStore:
                          if rel in present and sha256_file(root / rel) != sha]
         return problems
 
-    def remove(self, *refs: ArtifactRef) -> list[str]:
+    def remove(self, *refs: ArtifactRef, figures: bool = False) -> list[str]:
         """Delete artifacts (damaged ones, garbage) and the cache entries that point at them, so the stage executions
-        that made them run again; their figures stay. Returns the cache keys removed. Call it only while no other
-        process uses this store (a round holds its workdir's lock)."""
+        that made them run again; with `figures`, the figures kept for those entries too (plots/<key>). Returns the
+        cache keys removed. Call it only while no other process uses this store (a round holds its workdir's lock).
+
+        Upstream artifacts go before those that read them: a removal killed half-way leaves readers without their
+        inputs (garbage to the next collection), never inputs without their readers (responses no comparisons
+        read look out for annotation, and would be kept with all they were made from)."""
         gone = {(ref.kind, ref.digest) for ref in refs}
         keys = []
         for entry, named in self._entries():  # first: a cache entry never points at a half-deleted artifact
             if (named.kind, named.digest) in gone:
                 entry.unlink()
                 keys.append(entry.stem)
-        for kind, digest in sorted(gone):
+                if figures:
+                    shutil.rmtree(self.root / "plots" / entry.stem, ignore_errors=True)
+        for kind, digest in self._upstream_first(gone):
             self._discard(self.root / kind / digest)
         return sorted(keys)
+
+    def _upstream_first(self, artifacts: set[tuple[str, str]]) -> list[tuple[str, str]]:
+        """(kind, digest) pairs ordered so that each comes after those of them it was made from."""
+        inputs: dict[tuple[str, str], set[tuple[str, str]]] = {}
+        for kind, digest in artifacts:
+            try:
+                manifest = self.manifest(ArtifactRef(kind=kind, digest=digest, path=str(self.root / kind / digest)))
+                inputs[kind, digest] = {(i.kind, i.digest) for i in manifest.inputs} & artifacts
+            except (OSError, ValueError):  # unreadable (damaged): no known inputs
+                inputs[kind, digest] = set()
+        ordered: list[tuple[str, str]] = []
+        placed: set[tuple[str, str]] = set()
+        while len(placed) < len(inputs):  # lineage has no cycles: every pass places at least one
+            ready = sorted(a for a in inputs if a not in placed and inputs[a] <= placed)
+            ordered += ready
+            placed |= set(ready)
+        return ordered
 
     def _discard(self, path: Path) -> None:
         """Move a directory out of the store's tree in one rename, then delete it."""

@@ -342,6 +342,14 @@ def _publish_stage(stage: str, ctx: RunContext, ref: ArtifactRef, metrics: dict[
                      description=f"stage {stage} of round {ctx.round_name}: what it did and its MLflow run")
 
 
+def stage_key(stage: str, version: str, config: BaseModel | dict[str, Any],
+              inputs: dict[str, ArtifactRef]) -> tuple[dict[str, Any], str, str]:
+    """A stage execution's config as logged, its digest, and the cache key of (stage, version, config, inputs)."""
+    cfg_dict = config.model_dump(mode="json", context=RESOLVED) if isinstance(config, BaseModel) else dict(config)
+    cfg_digest = config_digest(cfg_dict)
+    return cfg_dict, cfg_digest, cache_key(stage, version, cfg_digest, {n: r.digest for n, r in inputs.items()})
+
+
 def run_stage(
     ctx: RunContext,
     *,
@@ -360,9 +368,7 @@ def run_stage(
     number of worker ranks, whose results are tested equal): logged as `execution.*` params, kept
     out of the cache key, so changing them reuses the artifact.
     """
-    cfg_dict = config.model_dump(mode="json", context=RESOLVED) if isinstance(config, BaseModel) else dict(config)
-    cfg_digest = config_digest(cfg_dict)
-    key = cache_key(stage, version, cfg_digest, {n: r.digest for n, r in inputs.items()})
+    cfg_dict, cfg_digest, key = stage_key(stage, version, config, inputs)
     store, tracker = ctx.store, ctx.tracker
     tags = {
         "rlhf.workdir": str(Path(ctx.workdir).resolve()),

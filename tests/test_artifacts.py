@@ -12,7 +12,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from rlhf_core.artifacts import ArtifactStore, atomic_write_text, cache_key, content_digest
+from rlhf_core.artifacts import ArtifactRef, ArtifactStore, atomic_write_text, cache_key, content_digest
 from rlhf_core.schemas import read_table, write_table
 
 
@@ -52,7 +52,8 @@ def test_committed_files_and_atomic_writes_have_a_plain_files_mode(tmp_path):
         ref = _commit(store, staged)
     modes = {p.relative_to(ref.path).as_posix(): p.stat().st_mode & 0o777 for p in Path(ref.path).rglob("*")
              if p.is_file()}
-    assert modes == {Path(weights).name: plain, "sub/table.json": plain, "manifest.json": plain}
+    assert modes == {Path(weights).name: plain, "sub/table.json": plain, "provenance.json": plain,
+                     "manifest.json": plain}
     assert plain != 0o600 and store.verify(ref)
     # the artifact's directory was the staging's mkdtemp (0700): nobody else could list or enter it
     assert {d: Path(d).stat().st_mode & 0o777 for d in (ref.path, f"{ref.path}/sub")} == dict.fromkeys(
@@ -86,6 +87,26 @@ def test_commit_lookup_verify_lineage(tmp_path):
     assert store.artifacts("prompts") == [up] and store.artifacts("votes") == []
     (tmp_path / "store" / "derived" / down.digest / "out.txt").write_text("tampered")
     assert not store.verify(down)
+
+
+def test_the_same_tables_from_two_executions_are_two_artifacts_each_with_its_own_manifest(tmp_path):
+    """An evaluation judged against another reward model writes the same judgements table with other metrics: one
+    artifact would keep the first execution's manifest (its metrics, its inputs) for both."""
+    store = ArtifactStore(tmp_path / "store")
+    made = {}
+    for reward_model, score in (("rm-a", -27.1), ("rm-b", -28.9)):
+        with store.staging() as staged:
+            (staged / "judgements.parquet").write_bytes(b"the same verdicts")
+            made[reward_model] = store.commit(
+                staged, kind="judgements", stage="evaluate", stage_version="1", code_version="t", config={},
+                config_digest="c", cache_key=f"key-{reward_model}", metrics={"eval/policy/reward": score},
+                inputs={"reward_model": ArtifactRef(kind="reward_model", digest=reward_model, path="/x")})
+    a, b = made["rm-a"], made["rm-b"]
+    assert a.digest != b.digest and store.lookup("key-rm-b") == b
+    assert store.manifest(b).metrics == {"eval/policy/reward": -28.9}
+    assert [i.digest for i in store.manifest(b).inputs] == ["rm-b"] and store.verify(a) and store.verify(b)
+    assert json.loads((Path(b.path) / "provenance.json").read_text()) == {
+        "stage": "evaluate", "stage_version": "1", "config_digest": "c", "inputs": {"reward_model": "rm-b"}}
 
 
 def test_damage_names_what_changed_a_broken_artifact_is_a_miss_and_its_recommit_heals_it(tmp_path):
@@ -247,7 +268,7 @@ def test_an_artifact_whose_path_order_is_not_string_order_verifies_and_an_edited
         (staged / "a" / "b.txt").write_text("nested")
         (staged / "a-c.txt").write_text("beside")
         ref = _commit(store, staged, kind="policy")
-    assert list(store.manifest(ref).files) == ["a/b.txt", "a-c.txt"] and store.verify(ref)
+    assert list(store.manifest(ref).files) == ["a/b.txt", "a-c.txt", "provenance.json"] and store.verify(ref)
     root = tmp_path / "store" / "policy" / ref.digest
     (root / "a-c.txt").write_text("edited")
     manifest = json.loads((root / "manifest.json").read_text())
@@ -313,3 +334,30 @@ def test_unreferenced_is_what_nothing_recent_or_kept_was_made_from(tmp_path):
     assert set(garbage) == {world, stale, head_input, head, served, old_data, old_model, recent}
     (tmp_path / "store" / "cache" / "unreadable.json").write_text("{")  # skipped, as lookups skip it
     assert store.remove(stale, stale) == ["k-stale"] and not Path(stale.path).exists()
+
+
+def test_a_removal_deletes_inputs_before_their_readers_and_with_figures_the_entries_figures(tmp_path, monkeypatch):
+    """A cleanup killed half-way must not leave responses whose comparisons are gone: they would look out for
+    annotation, and every later cleanup would keep them and all they were made from."""
+    store = ArtifactStore(tmp_path / "store")
+
+    def make(kind, key, inputs=None):
+        with store.staging() as staged:
+            (staged / "t.bin").write_bytes(kind.encode())
+            return _commit(store, staged, kind=kind, inputs=inputs, key=key)
+
+    prompts = make("prompts", "kp")
+    responses = make("responses", "kr", {"prompts": prompts})
+    comparisons = make("comparisons", "kc", {"responses": responses})  # sorts first by kind; read last
+    (store.root / "plots" / "kc").mkdir(parents=True)
+    (store.root / "plots" / "kc" / "f.png").write_bytes(b"png")
+    (store.root / "plots" / "kr").mkdir()
+    discarded = []
+    real_discard = store._discard
+    monkeypatch.setattr(store, "_discard", lambda path: (discarded.append(path.parent.name), real_discard(path)))
+    assert store.remove(comparisons, responses, figures=True) == ["kc", "kr"]
+    assert discarded == ["responses", "comparisons"]
+    assert not (store.root / "plots" / "kc").exists() and not (store.root / "plots" / "kr").exists()
+    (store.root / "plots" / "kp").mkdir()
+    assert store.remove(prompts) == ["kp"] and (store.root / "plots" / "kp").is_dir()  # verify's: figures stay
+    assert store.committed() == []

@@ -92,7 +92,7 @@ def test_a_given_input_whose_bytes_changed_since_its_commit_is_refused(round_to_
 
 def test_a_stage_without_gold_is_not_served_the_one_with_gold(round_to_vote):
     """`simulated` decides whether the vote and denoise stages add gold metrics, so it is part of their keys: a hit
-    reports what a miss would."""
+    reports what a miss would (each execution has its own artifact, so its own manifest's metrics)."""
     from rlhf_core.artifacts import ArtifactRef
     from tasks.common import RunContext
     from tasks.denoise import denoise_pairs
@@ -106,7 +106,11 @@ def test_a_stage_without_gold_is_not_served_the_one_with_gold(round_to_vote):
                      parent_run_id=tracker.start_run("no-gold", {}), round_name="no-gold")
     votes = vote_strength.fn(ctx, cfg.voting, art["import_annotations"], art["sft"], cfg.seed, simulated=False)
     denoise_pairs.fn(ctx, cfg.denoise, art["import_annotations"], art["vote"], simulated=False)
-    assert votes.digest == art["vote"].digest  # the same votes, made again
+    # the same votes table, made again: another execution (its own key), so its own artifact and manifest
+    assert Path(votes.file("votes.parquet")).read_bytes() == Path(art["vote"].file("votes.parquet")).read_bytes()
+    assert votes.digest != art["vote"].digest
+    assert not [k for k in ctx.store.manifest(votes).metrics if "gold" in k]
+    assert [k for k in ctx.store.manifest(art["vote"]).metrics if "gold" in k]
     client = MlflowClient(first["mlflow"]["tracking_uri"])
     runs = {r.data.tags["rlhf.stage"]: r for r in client.search_runs(
         [client.get_run(first["mlflow"]["run_id"]).info.experiment_id],
@@ -145,9 +149,9 @@ def test_the_cli_runs_one_stage_alone_on_a_chosen_input(round_to_vote):
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
     store = ArtifactStore(Path(cfg.workdir) / "artifacts")
-    made = [ref for ref in store.artifacts("denoised")  # from the chosen votes
-            if votes["digest"] in {i.digest for i in store.manifest(ref).inputs}]
-    assert len(made) == 1 and f"Output: denoised:{made[0].digest}" in " ".join(result.output.split())
+    made = [ref for ref in store.artifacts("denoised") if f"Output: denoised:{ref.digest}" in " ".join(
+        result.output.split())]
+    assert len(made) == 1 and votes["digest"] in {i.digest for i in store.manifest(made[0]).inputs}  # the chosen
     assert f"votes:{votes['digest'][:12]}" in result.output  # its inputs, the chosen one among them
     # refused with one line: a stage that is not heavy, an input without its name, a wrong kind
     for bad, message in ((["stage", "sample", "--input", "vote=x"], "--input runs one of vote, denoise"),
