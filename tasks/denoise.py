@@ -8,7 +8,7 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from rlhf_core.artifacts import ArtifactRef
-from rlhf_core.config import DenoiseConfig
+from rlhf_core.config import ConfigError, DenoiseConfig
 from rlhf_core.reward.denoise import denoise
 from rlhf_core.schemas import read_table, write_table
 from rlhf_core.sim.metrics import flip_report
@@ -21,6 +21,7 @@ VERSION = "2"
 def denoise_pairs(ctx: RunContext, cfg: DenoiseConfig, comparisons: ArtifactRef, votes: ArtifactRef,
                   simulated: bool) -> ArtifactRef:
     """The training pairs of the reward model, with flips, soft labels and margins."""
+    check_votes_measured_on(ctx, votes, comparisons)
 
     def produce(out: Path, run: StageRun) -> dict[str, float]:
         pairs = read_table("comparisons", comparisons.file("comparisons.parquet"))
@@ -34,3 +35,17 @@ def denoise_pairs(ctx: RunContext, cfg: DenoiseConfig, comparisons: ArtifactRef,
     return run_stage(ctx, stage="denoise", version=VERSION, kind="denoised",
                      config={"denoise": cfg.model_dump(), "simulated": simulated},  # gold metrics: hit reports as miss
                      inputs={"comparisons": comparisons, "votes": votes}, produce=produce)
+
+
+def check_votes_measured_on(ctx: RunContext, votes: ArtifactRef, comparisons: ArtifactRef) -> None:
+    """Refuse votes measured on other comparisons. A vote is r(chosen) - r(rejected) of the pair as it was
+    oriented then, and a pair_id does not name an orientation (a re-import can swap a pair's majority): votes
+    joined to other comparisons by pair_id alone would flip the wrong pairs, silently."""
+    if not ctx.store.holds(votes):
+        return
+    measured_on = next((i.digest for i in ctx.store.manifest(votes).inputs if i.name == "comparisons"), None)
+    if measured_on is not None and measured_on != comparisons.digest:
+        raise ConfigError(f"votes {votes.digest[:12]} were measured on comparisons {measured_on[:12]}, not on "
+                          f"the comparisons given ({comparisons.digest[:12]}): a vote's sign is its pair's "
+                          "orientation then; vote again on these comparisons (rlhf stage vote), or give the "
+                          "comparisons the votes were measured on")

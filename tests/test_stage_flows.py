@@ -194,3 +194,29 @@ def test_an_input_that_leaves_the_store_before_the_lock_is_refused_before_any_wo
     monkeypatch.setattr(flows.stages, "lock_workdir", lock_after_a_collection)
     with pytest.raises(ConfigError, match=r"inputs: vote \(votes:\w{12}\) left the store after they were checked"):
         rlhf_stage(stage="denoise", config=cfg, inputs={"vote": str(copy)})
+
+
+def test_votes_are_refused_on_comparisons_they_were_not_measured_on(round_to_vote):
+    """A vote is r(chosen) - r(rejected) of its pair as then oriented; pair ids do not name an orientation, so
+    votes joined to other comparisons (a re-import whose majority swapped a pair) would flip the wrong pairs."""
+    import pandas as pd
+
+    from flows.stages import rlhf_stage
+    from rlhf_core.schemas import write_table
+
+    cfg, first = round_to_vote
+    pairs = pd.read_parquet(Path(first["artifacts"]["import_annotations"]["path"]) / "comparisons.parquet")
+    swapped = pairs.copy()
+    swapped.loc[0, ["chosen", "rejected"]] = pairs.loc[0, ["rejected", "chosen"]].to_numpy()
+    swapped.loc[0, ["chosen_id", "rejected_id"]] = pairs.loc[0, ["rejected_id", "chosen_id"]].to_numpy()
+    store = ArtifactStore(Path(cfg.workdir) / "artifacts")
+    with store.staging() as staged:
+        write_table("comparisons", swapped, staged / "comparisons.parquet")
+        other = store.commit(staged, kind="comparisons", stage="import_annotations", stage_version="x",
+                             code_version="t", config={}, config_digest="c", inputs={}, cache_key="re-import")
+    votes = first["artifacts"]["vote"]
+    with pytest.raises(ConfigError, match=rf"votes {votes['digest'][:12]} were measured on comparisons "
+                                          rf"{first['artifacts']['import_annotations']['digest'][:12]}, not on the "
+                                          rf"comparisons given \({other.digest[:12]}\).*vote again"):
+        rlhf_stage(stage="denoise", inputs={"vote": f"votes:{votes['digest']}", "pairs": f"comparisons:{other.digest}"},
+                   config=cfg)
