@@ -269,11 +269,18 @@ def verify(
         try:  # no round may read or write while things go; a killed round's note stays for the next round
             with lock_workdir(workdir, note=f"{MAINTENANCE} rlhf verify", keep_left=True, maintenance_wait_s=0):
                 if remove:
-                    store.remove(*damaged)
-                    for entry in dangling:
+                    # checked again under the lock: a round may have made one whole again during the scan
+                    still = [ref for ref in damaged if Path(ref.path).is_dir() and store.damage(ref)]
+                    dangling_now = set(store.dangling_cache_entries())
+                    still_dangling = [entry for entry in dangling if entry in dangling_now]
+                    store.remove(*still)
+                    for entry in still_dangling:
                         entry.unlink()
-                    console.print(f"removed {len(damaged)} damaged artifacts and {len(dangling)} dangling cache "
-                                  "entries: the next round makes them again")
+                    repaired = len(damaged) - len(still) + len(dangling) - len(still_dangling)
+                    console.print(f"removed {len(still)} damaged artifacts and {len(still_dangling)} dangling cache "
+                                  "entries: the next round makes them again"
+                                  + (f" ({repaired} made whole by a round during the check: kept)" if repaired else ""),
+                                  soft_wrap=True)
                 if remove_scratch:
                     for path, _, _ in scratch:
                         shutil.rmtree(path, ignore_errors=True)

@@ -26,7 +26,7 @@ from typing import Callable
 from rlhf_core.workers import die_with_parent
 
 log = logging.getLogger("rlhf")
-START_ATTEMPTS = 3  # a port taken between choosing it and the server binding it: try another
+START_ATTEMPTS = 3  # a server that exits at once is launched again, this many times in all
 _started: LocalAPI | None = None  # the local API this process launched, if it did
 
 
@@ -50,18 +50,25 @@ class LocalAPI:
         import prefect
         from prefect.settings import get_current_settings
 
-        self.port = _free_port()
+        # the port is bound here and the listening socket handed to uvicorn (--fd): no other server can take it
+        # between its choice and uvicorn's start, and answer the health check for ours
+        listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(128)
+        self.port = listener.getsockname()[1]
+        listener.set_inheritable(True)
         env = {**os.environ, "PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1", "PREFECT__SERVER_FINAL": "1",
                **get_current_settings().to_environment_variables(exclude_unset=True)}
         env.pop("PREFECT_API_URL", None)  # a relaunch: this process already points at the port that failed
         self.process = subprocess.Popen(
             [sys.executable, "-m", "uvicorn", "--app-dir", str(Path(prefect.__file__).parents[1]), "--factory",
-             "prefect.server.api.server:create_app", "--host", "127.0.0.1", "--port", str(self.port),
-             "--log-level", "error", "--lifespan", "on"], env=env,
+             "prefect.server.api.server:create_app", "--fd", str(listener.fileno()), "--log-level", "error",
+             "--lifespan", "on"], env=env, pass_fds=(listener.fileno(),),
             preexec_fn=die_with_parent if sys.platform == "linux" else None)
+        listener.close()  # the server holds its own copy
 
     def wait_healthy(self, timeout_s: float) -> None:
-        """Until /api/health answers 200; a server that exited early (its port taken) is launched again."""
+        """Until /api/health answers 200; a server that exited early is launched again."""
         deadline, attempts = time.monotonic() + timeout_s, 1
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
@@ -149,9 +156,3 @@ def _point_prefect_at(api_url: str) -> None:
 
     os.environ["PREFECT_API_URL"] = api_url
     refresh_global_settings_context()
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]

@@ -153,10 +153,11 @@ def collect_garbage(workdir: str | Path, keep_days: float, drop_registered_model
         with lock_workdir(workdir, note=note, name=SERIES_LOCK, what="rlhf-rounds", **wait), \
                 lock_workdir(workdir, note=note, **wait):
             plan = plan_garbage(workdir, keep_days, drop_registered_models, tracking_uri)
-            keys = store.remove(*plan.garbage)
-            figures = [store.root / "plots" / key for key in keys if (store.root / "plots" / key).is_dir()]
-            for path in figures:  # only the removed entries': a killed stage's curves wait there for its resumption
-                shutil.rmtree(path, ignore_errors=True)
+            # only the removed entries' figures, each with its entry: a killed stage's curves wait in plots/ for its
+            # resumption
+            with_figures = {p.name for p in (store.root / "plots").glob("*") if p.is_dir()}
+            keys = store.remove(*plan.garbage, figures=True)
+            figures = [key for key in keys if key in with_figures]
             for path in plan.downloads:
                 _remove_download(path)
     except WorkdirBusyError as err:

@@ -2,6 +2,7 @@
 
 import os
 import socket
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -359,8 +360,23 @@ def test_a_prefect_api_url_that_does_not_answer_is_one_clear_error_before_any_wo
         server.shutdown()
 
 
+def test_the_local_apis_port_is_held_from_its_launch_so_no_other_server_answers_for_it():
+    """The port was chosen, released, then bound by uvicorn seconds later: another server taking it meanwhile answered
+    the health check for ours, and the round ran against a server that ended with that other process."""
+    from flows import local_api
+
+    server = local_api.LocalAPI()
+    server.launch()  # returns at once: uvicorn needs seconds to import
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as other, pytest.raises(OSError):
+            other.bind(("127.0.0.1", server.port))
+        server.wait_healthy(timeout_s=120)
+    finally:
+        server.stop()
+
+
 def test_a_local_api_that_cannot_start_is_one_clear_error(tmp_path, monkeypatch):
-    """A server that exits at once (as one whose port was taken) is launched again, then reported in one line that
+    """A server that exits at once is launched again, then reported in one line that
     says what to do."""
     from flows import local_api
 
@@ -455,6 +471,38 @@ def test_verify_finds_damaged_artifacts_and_unfinished_executions_and_removes_th
     again = runner.invoke(app, ["verify", str(workdir)])
     assert again.exit_code == 0 and "2 intact, 0 damaged; 0 cache entries" in again.output
     assert runner.invoke(app, ["verify", str(tmp_path / "nothing")]).exit_code == 2
+
+
+def test_verify_remove_keeps_an_artifact_a_round_made_whole_while_it_scanned(tmp_path, monkeypatch):
+    """The scan runs before the lock (minutes on a big store): a round that re-committed a damaged artifact
+    meanwhile made it whole, and `--remove` must not delete it then."""
+    import contextlib
+
+    import tasks.common as common
+    from rlhf_core.artifacts import ArtifactStore
+
+    workdir = tmp_path / "w"
+    store = ArtifactStore(workdir / "artifacts")
+    with store.staging() as staged:
+        (staged / "votes.parquet").write_bytes(b"rows")
+        ref = store.commit(staged, kind="votes", stage="vote", stage_version="1", code_version="t", config={},
+                           config_digest="c", inputs={}, cache_key="key")
+    (Path(ref.path) / "votes.parquet").unlink()  # damaged: a file missing
+    real_lock = common.lock_workdir
+
+    @contextlib.contextmanager
+    def lock_after_a_round_repaired_it(*args, **kwargs):
+        (Path(ref.path) / "votes.parquet").write_bytes(b"rows")  # the round's commit, before verify gets the lock
+        with real_lock(*args, **kwargs) as held:
+            yield held
+
+    monkeypatch.setattr(common, "lock_workdir", lock_after_a_round_repaired_it)
+    result = runner.invoke(app, ["verify", str(workdir), "--remove"])
+    assert result.exit_code == 0, result.output
+    assert "0 intact, 1 damaged" in result.output and "votes.parquet: missing" in result.output
+    assert "removed 0 damaged artifacts and 0 dangling cache entries" in result.output
+    assert "1 made whole by a round during the check: kept" in " ".join(result.output.split())
+    assert store.lookup("key") == ref and store.verify(ref)
 
 
 def test_gc_lists_what_nothing_kept_was_made_from_and_removes_it_only_when_asked(tmp_path):
