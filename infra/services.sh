@@ -26,9 +26,19 @@ launch() {  # name command...: in its own session (process group), so stop reach
   local name=$1; shift
   setsid nohup "$@" >"$DIR/$name.log" 2>&1 </dev/null &
   echo $! >"$DIR/$name.pid"
+  started_at $! >"$DIR/$name.start"
 }
 
-alive() { [[ -f "$DIR/$1.pid" ]] && kill -0 "$(cat "$DIR/$1.pid")" 2>/dev/null; }
+# pid: when it started (ticks since boot, /proc/PID/stat field 22); empty when it does not run
+started_at() { [[ -r /proc/$1/stat ]] && sed 's/.*) //' "/proc/$1/stat" | cut -d' ' -f20; }
+
+# name: the pid file's process runs and is the one `launch` started: after a reboot or a crash the pid may be
+# another process's, which `stop` would otherwise kill with its whole process group
+alive() {
+  [[ -f "$DIR/$1.pid" && -f "$DIR/$1.start" ]] || return 1
+  local pid; pid=$(cat "$DIR/$1.pid")
+  kill -0 "$pid" 2>/dev/null && [[ "$(started_at "$pid")" == "$(cat "$DIR/$1.start")" ]]
+}
 
 in_use() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }  # port: something accepts connections there
 
@@ -36,10 +46,14 @@ halt() {  # name: SIGTERM to its process group, SIGKILL after 15 s
   local name=$1 pid
   [[ -f "$DIR/$name.pid" ]] || return 0
   pid=$(cat "$DIR/$name.pid")
-  kill -TERM -- "-$pid" 2>/dev/null || true
-  for _ in $(seq 30); do kill -0 -- "-$pid" 2>/dev/null || break; sleep 0.5; done
-  kill -KILL -- "-$pid" 2>/dev/null || true
-  rm -f "$DIR/$name.pid"
+  if kill -0 "$pid" 2>/dev/null && ! alive "$name"; then
+    echo "services: $name's pid $pid is another process now (started after ours): not stopped" >&2
+  else  # ours, or its leader gone: a pid is not reused while its process group lives, so the group is ours
+    kill -TERM -- "-$pid" 2>/dev/null || true
+    for _ in $(seq 30); do kill -0 -- "-$pid" 2>/dev/null || break; sleep 0.5; done
+    kill -KILL -- "-$pid" 2>/dev/null || true
+  fi
+  rm -f "$DIR/$name.pid" "$DIR/$name.start"
 }
 
 case "${1:-}" in

@@ -152,3 +152,48 @@ def test_start_status_stop(services):
     run("stop")
     assert not any(_group_alive(pid) for pid in pids.values())  # the worker (and its children) too
     assert "worker: stopped" in run("status").stdout
+
+
+@pytest.mark.skipif(not Path("/proc").exists(), reason="reads /proc")
+def test_a_stale_pid_file_names_another_process_which_status_does_not_report_and_stop_does_not_kill(tmp_path):
+    """After a reboot or a crash, services/<name>.pid may hold the pid of an unrelated process: `status` called it
+    running and `stop` killed its whole process group."""
+    unrelated = subprocess.Popen(["setsid", "sleep", "300"])
+    try:
+        time.sleep(0.2)  # setsid has exec'd sleep
+        env = {**os.environ, "RLHF_SERVICES_DIR": str(tmp_path)}
+        (tmp_path / "mlflow.pid").write_text(f"{unrelated.pid}\n")  # as a crashed start left it, no .start
+        (tmp_path / "prefect.pid").write_text(f"{unrelated.pid}\n")
+        (tmp_path / "prefect.start").write_text("1\n")  # the pid's start time then: another process
+        run = lambda *args: subprocess.run(["bash", str(ROOT / "infra" / "services.sh"), *args], env=env,  # noqa: E731
+                                           capture_output=True, text=True, timeout=60)
+        assert "mlflow: stopped" in run("status").stdout and "prefect: stopped" in run("status").stdout
+        stopped = run("stop")
+        assert stopped.returncode == 0 and f"mlflow's pid {unrelated.pid} is another process now" in stopped.stderr
+        assert unrelated.poll() is None  # still running
+        assert not (tmp_path / "mlflow.pid").exists() and not (tmp_path / "prefect.start").exists()
+    finally:
+        unrelated.kill()
+        unrelated.wait()
+
+
+@pytest.mark.skipif(not Path("/proc").exists(), reason="reads /proc")
+def test_stop_ends_a_service_group_whose_leader_has_exited(tmp_path):
+    """A pid is not reused while its process group lives: a group whose leader died (a crashed server, its children
+    left) is still the service's, and `stop` ends it."""
+    leader = subprocess.run(["setsid", "bash", "-c", "sleep 300 >/dev/null 2>&1 & echo $$ $!"], capture_output=True,
+                            text=True, timeout=30)
+    group, child = (int(x) for x in leader.stdout.split())
+    try:
+        assert os.getpgid(child) == group  # the leader has exited; its child holds the group
+        (tmp_path / "worker.pid").write_text(f"{group}\n")
+        (tmp_path / "worker.start").write_text("1\n")
+        env = {**os.environ, "RLHF_SERVICES_DIR": str(tmp_path)}
+        stopped = subprocess.run(["bash", str(ROOT / "infra" / "services.sh"), "stop"], env=env, capture_output=True,
+                                 text=True, timeout=60)
+        assert stopped.returncode == 0 and stopped.stderr == ""
+        time.sleep(0.5)
+        assert not _group_alive(group)
+    finally:
+        if _group_alive(group):
+            os.killpg(group, 9)
