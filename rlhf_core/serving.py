@@ -110,7 +110,9 @@ class PolicyResponder:
             batch = queries[i:i + s["batch_size"]]
             # sampled: row j draws from its own stream (seed, j), so its response depends on neither the batch size
             # nor the other prompts of the request (as PPO's ranks draw)
-            row_seeds = [s["seed"] * 1_000_003 + i + j for j in range(len(batch))] if s["temperature"] > 0 else None
+            # (mod 2**63: torch seeds a generator with a signed 64-bit integer; the signature takes any long)
+            row_seeds = ([(s["seed"] * 1_000_003 + i + j) % 2**63 for j in range(len(batch))]
+                         if s["temperature"] > 0 else None)
             rollout = sample_batch(self.model, self.tokenizer, batch, s["max_new_tokens"], temperature=s["temperature"],
                                    top_p=s["top_p"], row_seeds=row_seeds)
             responses += rollout.texts

@@ -285,6 +285,8 @@ def test_each_registered_model_loads_and_predicts_as_an_mlflow_pyfunc(rounds, st
         sampled = {b: model.predict(three, params={"temperature": 1.0, "seed": 3, "batch_size": b})["response"]
                    .tolist() for b in (1, 3)}
         assert sampled[1] == sampled[3]
+        huge = model.predict(three, params={"temperature": 1.0, "seed": 2**45, "batch_size": 3})["response"]
+        assert len(huge) == 3  # any seed the signature takes (it overflowed torch's signed 64-bit seed)
 
 
 def test_a_registered_model_is_served_by_its_own_copy_of_the_code_in_a_fresh_process(rounds, tmp_path):
