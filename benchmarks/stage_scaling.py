@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -170,7 +171,7 @@ def summarise(runs: list[dict], args: argparse.Namespace) -> dict:
         v["slope"] = loglog_slope(factors, v["seconds"])
     return {
         "benchmark": "stage_scaling",
-        "command": "python benchmarks/stage_scaling.py " + " ".join(args.argv),
+        "command": "python benchmarks/stage_scaling.py " + shlex.join(args.argv),
         "config": args.config or "the embedded demo", "seed": 0, "base_scale": args.base_scale, "factors": factors,
         "date": f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC",
         "machine": machine(args.load_at_start),

