@@ -131,6 +131,18 @@ def write_provenance(staged: Path, stage: str, stage_version: str, config_digest
     (staged / PROVENANCE).write_text(json.dumps(record, indent=2) + "\n")
 
 
+def held_content_digest(ref: ArtifactRef) -> str:
+    """The digest of what an artifact holds, without its provenance: the same for two executions that made the same
+    files (the artifact's digest before provenance.json existed). From its manifest; a directory without one (a
+    registry download) is hashed."""
+    manifest_path = Path(ref.path) / MANIFEST
+    if manifest_path.is_file():
+        files = Manifest.model_validate_json(manifest_path.read_text()).files
+    else:
+        files = content_digest(Path(ref.path))[1]
+    return files_digest({rel: sha for rel, sha in files.items() if rel != PROVENANCE})
+
+
 def umask() -> int:
     """This process's umask, read without changing it (Linux: /proc; elsewhere the common 022)."""
     try:

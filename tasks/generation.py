@@ -8,7 +8,7 @@ import pandas as pd
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from rlhf_core.artifacts import ArtifactRef
+from rlhf_core.artifacts import ArtifactRef, held_content_digest
 from rlhf_core.config import GenerationConfig
 from rlhf_core.generation.generators import (
     Generator,
@@ -31,8 +31,10 @@ def generate(ctx: RunContext, cfg: GenerationConfig, sampled: ArtifactRef, polic
              seed: int) -> ArtifactRef:
     """Sample n responses per prompt per (generator, strategy); every row keeps its generator and strategy."""
     # Before any work and before the cache key: every model is checked, and its content digest names
-    # its rows, so a cache hit never serves responses of other weights.
-    generators = resolve_generators(cfg.generators, policy_path=policy.path, policy_digest=policy.digest)
+    # its rows, so a cache hit never serves responses of other weights. The policy's is the digest of its files,
+    # not of the execution that made them (its provenance): the same weights name their responses alike.
+    generators = resolve_generators(cfg.generators, policy_path=policy.path,
+                                    policy_digest=held_content_digest(policy))
     backend = resolve_backend(cfg.backend, cfg.num_processes)
 
     def produce(out: Path, run: StageRun) -> dict[str, float]:

@@ -361,3 +361,26 @@ def test_a_removal_deletes_inputs_before_their_readers_and_with_figures_the_entr
     (store.root / "plots" / "kp").mkdir()
     assert store.remove(prompts) == ["kp"] and (store.root / "plots" / "kp").is_dir()  # verify's: figures stay
     assert store.committed() == []
+
+
+def test_held_content_digest_is_the_digest_of_the_files_whichever_execution_made_them(tmp_path):
+    """Generation names a policy's responses by its weights: two executions that made the same weights (and a
+    registry download of them, which has no manifest) name them alike, as the digest did before provenance.json."""
+    import shutil
+
+    from rlhf_core.artifacts import MANIFEST, held_content_digest
+
+    store = ArtifactStore(tmp_path / "store")
+    refs = []
+    for config_digest in ("c1", "c2"):
+        with store.staging() as staged:
+            (staged / "model.safetensors").write_bytes(b"weights")
+            (staged / "config.json").write_text("{}")
+            before = content_digest(staged)[0]  # what the artifact's digest was without provenance
+            refs.append(store.commit(staged, kind="policy", stage="sft", stage_version="1", code_version="t",
+                                     config={}, config_digest=config_digest, inputs={}, cache_key=config_digest))
+    download = tmp_path / "download"
+    shutil.copytree(refs[0].path, download)
+    (download / MANIFEST).unlink()
+    held = {held_content_digest(ref) for ref in refs + [ArtifactRef(kind="policy", digest="x", path=str(download))]}
+    assert refs[0].digest != refs[1].digest and held == {before}
