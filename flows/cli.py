@@ -271,9 +271,9 @@ def verify(
                 if remove:
                     # checked again under the lock: a round may have made one whole again during the scan
                     still = [ref for ref in damaged if Path(ref.path).is_dir() and store.damage(ref)]
+                    store.remove(*still)
                     dangling_now = set(store.dangling_cache_entries())
                     still_dangling = [entry for entry in dangling if entry in dangling_now]
-                    store.remove(*still)
                     for entry in still_dangling:
                         entry.unlink()
                     repaired = len(damaged) - len(still) + len(dangling) - len(still_dangling)

@@ -415,8 +415,9 @@ class ArtifactStore:
                 if d.is_dir()]
 
     def dangling_cache_entries(self) -> list[Path]:
-        """Cache entries whose artifact is gone (e.g. deleted by hand): lookups treat them as misses."""
-        return [entry for entry, ref in self._entries() if not (Path(ref.path) / MANIFEST).is_file()]
+        """Cache entries whose artifact directory is gone (e.g. deleted by hand): lookups treat them as misses. (A
+        directory there without its manifest is a damaged artifact, which `committed` lists and `damage` names.)"""
+        return [entry for entry, ref in self._entries() if not Path(ref.path).is_dir()]
 
     def artifacts(self, kind: str) -> list[ArtifactRef]:
         """Every committed artifact of `kind`, in digest order."""

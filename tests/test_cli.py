@@ -505,6 +505,26 @@ def test_verify_remove_keeps_an_artifact_a_round_made_whole_while_it_scanned(tmp
     assert store.lookup("key") == ref and store.verify(ref)
 
 
+def test_verify_remove_deletes_an_artifact_that_lost_its_manifest_once(tmp_path):
+    """A directory without its manifest is a damaged artifact, not a cache entry pointing at nothing: it was both,
+    and --remove deleted its entry twice (FileNotFoundError, no summary)."""
+    from rlhf_core.artifacts import ArtifactStore
+
+    workdir = tmp_path / "w"
+    store = ArtifactStore(workdir / "artifacts")
+    with store.staging() as staged:
+        (staged / "votes.parquet").write_bytes(b"rows")
+        ref = store.commit(staged, kind="votes", stage="vote", stage_version="1", code_version="t", config={},
+                           config_digest="c", inputs={}, cache_key="key")
+    (Path(ref.path) / "manifest.json").unlink()
+    listed = runner.invoke(app, ["verify", str(workdir)])
+    assert listed.exit_code == 1 and "0 intact, 1 damaged; 0 cache entries point at no artifact" in listed.output
+    result = runner.invoke(app, ["verify", str(workdir), "--remove"])
+    assert result.exit_code == 0, result.output
+    assert "removed 1 damaged artifacts and 0 dangling cache entries" in result.output
+    assert not Path(ref.path).exists() and store.lookup("key") is None
+
+
 def test_gc_lists_what_nothing_kept_was_made_from_and_removes_it_only_when_asked(tmp_path):
     """`rlhf gc`: a series' head (finished-rounds.json) and its lineage stay however old, as do recent work and
     responses out for annotation; the rest is listed, and deleted with its cache entries and figures only with
