@@ -77,3 +77,79 @@ def test_the_cleanup_deployment_runs_the_flow_with_its_parameters():
     assert flow.name == "rlhf-gc"
     flow.validate_parameters(deployment["parameters"])  # names and types the flow takes
     assert deployment["schedules"][0]["active"] is False  # it deletes: on only once its workdir is the rounds'
+
+
+DAY = 86400
+
+
+def _old_commit(store, kind, content, key, inputs=None, days_ago=7.0):
+    """An artifact committed `days_ago` days ago (its manifest's and cache entry's times moved back)."""
+    with store.staging() as staged:
+        (staged / "t.bin").write_bytes(content)
+        ref = store.commit(staged, kind=kind, stage=kind, stage_version="1", code_version="t", config={},
+                           config_digest="c", inputs=inputs or {}, cache_key=key)
+    then = time.time() - days_ago * DAY
+    manifest = Path(ref.path) / "manifest.json"
+    manifest.write_text(json.dumps(json.loads(manifest.read_text()) | {"created_at": then}))
+    os.utime(store.root / "cache" / f"{key}.json", (then, then))
+    return ref
+
+
+def test_an_old_imported_chain_is_all_garbage_and_the_plan_counts_what_it_says(tmp_path):
+    """Responses an import has read are not out for annotation: prompts -> responses -> comparisons, old and
+    kept by nothing, go together; "newest" is the most recent of a kind."""
+    from tasks.cleanup import awaiting_annotation, plan_garbage
+
+    store = ArtifactStore(tmp_path / "artifacts")
+    prompts = _old_commit(store, "prompts", b"p", "kp")
+    responses = _old_commit(store, "responses", b"r", "kr", {"prompts": prompts})
+    _old_commit(store, "comparisons", b"c", "kc", {"responses": responses})
+    _old_commit(store, "votes", b"a", "ka", days_ago=7)
+    _old_commit(store, "votes", b"b", "kb", days_ago=3)
+    assert awaiting_annotation(store) == []
+    plan = plan_garbage(tmp_path, keep_days=1)
+    assert sorted(r.kind for r in plan.garbage) == ["comparisons", "prompts", "responses", "votes", "votes"]
+    votes = next(row for row in plan.by_kind if row["kind"] == "votes")
+    assert votes["unreferenced"] == 2 and votes["newest (days ago)"] == pytest.approx(3.0, abs=0.05)
+
+
+def test_a_directory_without_its_manifest_is_unreadable_to_the_plan_not_a_crash(tmp_path):
+    from tasks.cleanup import plan_garbage
+
+    store = ArtifactStore(tmp_path / "artifacts")
+    kept = _old_commit(store, "responses", b"r", "kr")
+    (Path(kept.path) / "manifest.json").unlink()  # a half-deleted or hand-edited artifact
+    plan = plan_garbage(tmp_path, keep_days=1)
+    assert plan.garbage == [] and [r.digest for r in plan.unreadable] == [kept.digest]
+
+
+def test_an_artifact_served_from_the_cache_now_is_used_whatever_its_other_entries_say(tmp_path):
+    """Two cache entries name one artifact (a store from before provenance.json, or the same execution keyed
+    twice): the newest use counts, not the last entry read."""
+    from tasks.cleanup import plan_garbage
+
+    store = ArtifactStore(tmp_path / "artifacts")
+    for key, days_ago in (("k-a", 0.0), ("k-b", 7.0)):  # one content: the same artifact, two entries
+        ref = _old_commit(store, "votes", b"v", key, days_ago=7.0)
+        os.utime(store.root / "cache" / f"{key}.json", (time.time() - days_ago * DAY,) * 2)
+    assert len(store.committed()) == 1 and plan_garbage(tmp_path, keep_days=1).garbage == []
+    assert store.lookup("k-a") == ref
+
+
+def test_the_registry_download_a_round_under_way_started_from_is_not_collected(tmp_path):
+    """rlhf-rounds pins the start of a round it began (started-rounds.json): its re-run starts there, so the
+    download stays however long ago it was last used."""
+    from rlhf_core.artifacts import ArtifactRef, content_digest
+    from tasks.cleanup import plan_garbage
+    from tasks.iteration import series_start
+
+    (tmp_path / "artifacts").mkdir()
+    pinned, other = (tmp_path / "registry" / "rlhf-policy" / v for v in ("3", "2"))
+    for download in (pinned, other):
+        download.mkdir(parents=True)
+        (download / "model.safetensors").write_bytes(download.name.encode())
+    champion = ArtifactRef(kind="policy", digest=content_digest(pinned)[0], path=str(pinned))
+    series_start(tmp_path, "weekly", 3, lambda: (champion, "champion"))
+    for download in (pinned, other):
+        os.utime(download, (time.time() - 9 * DAY,) * 2)
+    assert plan_garbage(tmp_path, keep_days=1).downloads == [other]

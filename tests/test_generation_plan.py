@@ -341,3 +341,16 @@ def test_vllm_rows_match_the_hf_rows_shape_with_a_stand_in_engine(monkeypatch):
     row = rows[(rows["prompt_id"] == "p00") & (rows["response"] == "a1")].iloc[0]
     assert row["response_id"] == response_id("p00", "m:1", "hot", 1)
     assert row["strategy"] == strategy_json(PLAN[0]) and row["generator"] == "m:1"
+
+
+def test_each_of_a_strategys_n_samples_draws_its_own_stream():
+    """Sample k of a strategy draws with a seed of k too: without it the n samples of a prompt were one sample
+    n times (deduplicated to one row)."""
+    from rlhf_core.generation.plan import generate_responses
+
+    tok = models.build_tokenizer()
+    model = models.build_policy(TINY, tok, seed=0)
+    plan = [SamplingStrategy(name="hot", temperature=1.0, n=4, max_new_tokens=8)]
+    out, report = generate_responses(model, tok, PROMPTS.head(3), plan, generator="tiny", batch_size=3, seed=0)
+    assert report["n_generated"] == 12 and report["duplicates_removed"] == 0
+    assert out.groupby("prompt_id")["response"].nunique().tolist() == [4, 4, 4]

@@ -108,3 +108,16 @@ def test_two_processes_under_accelerate_equal_one_rank(tiny, single, tmp_path):
     assert (shard_dir / "world_size.txt").read_text().strip() == "2"  # two ranks, not two lone processes
     assert f"n_shards={N_SHARDS}" in proc.stdout
     pd.testing.assert_frame_equal(gather_shards(shard_dir / "tiny", N_SHARDS), single)
+
+
+def test_shards_are_cut_in_prompt_id_order_so_a_resume_given_another_row_order_completes(tiny, single, tmp_path):
+    """A run killed after shard 0 and resumed with the same prompts in another row order: every prompt once."""
+    _run(tiny, tmp_path)  # PROMPTS come in reverse id order
+    first = pd.read_parquet(shard_path(tmp_path / "tiny", 0))
+    assert sorted(first["prompt_id"].unique()) == ["p00", "p01", "p02", "p03"]
+    for k in range(1, N_SHARDS):
+        shard_path(tmp_path / "tiny", k).unlink()
+    generate_plan_shards([tiny], PROMPTS.iloc[::-1], tmp_path, seed=5, batch_size=3, shard_size=SHARD_SIZE)
+    resumed = gather_shards(tmp_path / "tiny", N_SHARDS)
+    assert resumed.sort_values("response_id").reset_index(drop=True).equals(
+        single.sort_values("response_id").reset_index(drop=True))

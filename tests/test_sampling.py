@@ -88,6 +88,10 @@ def test_balanced_never_exceeds_the_cap_where_complexity_first_does():
     capped, report = select_prompts(copies, budget=10, seed=0, mode="balanced", max_tag_share=0.3,
                                     drop_duplicates=True)
     assert report["n_duplicates_removed"] == 2 and report["tag_cap"] == 3 and len(capped) == 3
+    # 0.29 x 100 is 28.999999999999996 in floats: the cap is still 29
+    shares = _pool([["common", f"r{i}"] for i in range(100)] + [[f"s{i}"] for i in range(50)])
+    capped, report = select_prompts(shares, budget=100, seed=0, mode="balanced", max_tag_share=0.29)
+    assert report["tag_cap"] == 29 and sum("common" in ts for ts in capped["tags"]) == 29
 
 
 # ---------------------------------------------------------------- normalisation and deduplication

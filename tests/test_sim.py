@@ -215,6 +215,22 @@ def test_sharper_annotators_agree_more():
     assert gold_agreement(tasks, simulate_label_studio_export(tasks, sharp, seed=1)) > 0.97 > noisy
 
 
+def test_one_label_flips_with_the_annotators_error_rate_and_every_annotator_is_drawn():
+    """A pair gold calls certain is labelled "left" with probability 1 - e; the crowd is all n_annotators ids."""
+    from rlhf_core.sim.annotators import label_pair
+
+    rng = random.Random(0)
+    share = sum(label_pair(50.0, 0.4, 0.9, rng) == "left" for _ in range(20_000)) / 20_000
+    assert share == pytest.approx(0.6, abs=0.015)
+    tasks = demo_pair_tasks(30, seed=2, world=WorldConfig())
+    used = {a["completed_by"] for t in simulate_label_studio_export(tasks, WorldConfig(), seed=0)
+            for a in t["annotations"]}
+    assert used == set(range(1, WorldConfig().n_annotators + 1))
+    everyone = WorldConfig(n_annotators=3, annotators_per_pair=3)  # each pair labelled by the whole crowd
+    export = simulate_label_studio_export(tasks, everyone, seed=0)
+    assert all(sorted(a["completed_by"] for a in t["annotations"]) == [1, 2, 3] for t in export)
+
+
 def test_export_is_a_label_studio_pairwise_export():
     world = WorldConfig(annotators_per_pair=3)
     tasks = demo_pair_tasks(50, seed=2, world=world)
