@@ -146,3 +146,24 @@ def test_agreement_of_label_and_score_tables():
     assert percent_agreement([["a", "a", "b"]]) == pytest.approx(1 / 3)
     empty = inter_annotator_agreement()
     assert math.isnan(empty["labels/alpha_nominal"]) and empty["scores/n_items_overlapping"] == 0
+
+
+def test_an_annotator_who_labelled_a_task_twice_counts_with_the_first_label():
+    labels = pd.DataFrame({"task_id": ["t1", "t1", "t1", "t2", "t2"], "annotator": ["a", "a", "b", "a", "b"],
+                           "label": ["A", "B", "A", "B", "B"]})  # a: "A" then "B" on t1; b agrees with a's first
+    report = inter_annotator_agreement(labels)
+    assert report["labels/percent_agreement"] == 1.0 and report["labels/alpha_nominal"] == 1.0
+
+
+def test_a_pair_no_annotator_scored_both_sides_of_is_counted_and_left_out_of_the_agreement():
+    """u scored r1 and r2, v scored r2 and r3: the mean makes r1 > r3 > r2, and nobody compared r1 with r3."""
+    responses = pd.DataFrame({"prompt_id": ["p1"] * 3, "response_id": ["r1", "r2", "r3"], "prompt": ["q"] * 3,
+                              "response": ["one", "two", "three"]})
+    scores = pd.DataFrame([{"score_id": f"{w}{r}", "annotation_id": f"{w}{r}", "prompt_id": "p1", "response_id": r,
+                            "score": float(s), "annotator": w, "raw": "{}"}
+                           for w, r, s in (("u", "r1", 5), ("u", "r2", 1), ("v", "r2", 1), ("v", "r3", 3))])
+    pairs, report = pairs_from_annotator_scores(scores, responses, aggregate="mean")
+    by_pair = {(c, r): (n, a) for c, r, n, a in pairs[["chosen_id", "rejected_id", "n_labels", "label_agreement"]]
+               .itertuples(index=False)}
+    assert by_pair[("r1", "r3")][0] == 0 and math.isnan(by_pair[("r1", "r3")][1])
+    assert report["n_pairs_without_common_annotator"] == 1 and report["mean_label_agreement"] == 1.0

@@ -354,3 +354,24 @@ def test_each_of_a_strategys_n_samples_draws_its_own_stream():
     out, report = generate_responses(model, tok, PROMPTS.head(3), plan, generator="tiny", batch_size=3, seed=0)
     assert report["n_generated"] == 12 and report["duplicates_removed"] == 0
     assert out.groupby("prompt_id")["response"].nunique().tolist() == [4, 4, 4]
+
+
+def test_the_plans_small_rules_on_hand_made_inputs():
+    """A query that fills the context exactly fits; identical texts keep the smallest response_id; a context
+    length is read under any of its config names."""
+    from types import SimpleNamespace
+
+    from rlhf_core.generation.plan import check_prompts, context_length, dedupe
+
+    tok = models.build_tokenizer()
+    one = pd.DataFrame({"prompt_id": ["p1"], "prompt": ["What is 12+7?"]})
+    n = len(tok(models.format_query(tok, "What is 12+7?"), add_special_tokens=False)["input_ids"])
+    check_prompts(one, tok, max_positions=n + 10, max_new_tokens=10)  # exactly full: fits
+    with pytest.raises(GenerationInputError):
+        check_prompts(one, tok, max_positions=n + 9, max_new_tokens=10)
+    rows = pd.DataFrame({"prompt_id": ["p1", "p1"], "response_id": ["rb", "ra"], "prompt": ["q", "q"],
+                         "response": ["same", "same"], "generator": ["g2", "g1"], "strategy": ["{}", "{}"]})
+    assert dedupe(rows)[["response_id", "generator"]].values.tolist() == [["ra", "g1"]]
+    assert [context_length(SimpleNamespace(**{key: 512})) for key in
+            ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length")] == [512] * 4
+    assert context_length(SimpleNamespace()) is None
