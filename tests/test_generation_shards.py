@@ -121,3 +121,35 @@ def test_shards_are_cut_in_prompt_id_order_so_a_resume_given_another_row_order_c
     resumed = gather_shards(tmp_path / "tiny", N_SHARDS)
     assert resumed.sort_values("response_id").reset_index(drop=True).equals(
         single.sort_values("response_id").reset_index(drop=True))
+
+
+def _fake_shard(texts):
+    """A stand-in for a model's shard: two responses per prompt, `texts(prompt_id, k)`, and the report
+    generate_responses makes (counts before and after deduplication)."""
+    def generate(shard, seed):
+        rows = pd.DataFrame([{"prompt_id": p, "response_id": f"r-{p}-{k}", "prompt": q, "response": texts(p, k),
+                              "generator": "g:0", "strategy": "{}"}
+                             for p, q in zip(shard["prompt_id"], shard["prompt"]) for k in range(2)])
+        kept = rows.drop_duplicates(["prompt_id", "response"])
+        return kept, {"n_generated": len(rows), "duplicates_removed": len(rows) - len(kept),
+                      "n_responses": len(kept), "tokens": 10, "seconds": 1.0}
+    return generate
+
+
+def test_the_plans_report_counts_before_and_after_deduplication_and_a_finished_plan_loads_no_model(tmp_path):
+    from rlhf_core.generation.shards import _missing_work, gather_plan, generate_sharded
+
+    prompts = PROMPTS.head(10)
+    generator = Generator("g", "g:0", str(tmp_path / "model-deleted-since"), PLAN)
+    assert _missing_work([generator], prompts, tmp_path, 0, 1, SHARD_SIZE) == {"g": 10 * 3}  # 4 + 4 + 2 prompts
+    # every prompt's two samples the same text: 20 made, 10 kept
+    generate_sharded(_fake_shard(lambda p, k: "same"), prompts, tmp_path / "g", seed=0, shard_size=SHARD_SIZE)
+    _, report = gather_plan(tmp_path, [generator], n_prompts=10, shard_size=SHARD_SIZE)
+    assert (report["n_generated"], report["n_responses"], report["duplicates_removed"]) == (20, 10, 10)
+    blank = tmp_path / "blank"  # every second sample whitespace only
+    generate_sharded(_fake_shard(lambda p, k: "   " if k else "an answer"), prompts, blank / "g", seed=0,
+                     shard_size=SHARD_SIZE)
+    _, report = gather_plan(blank, [generator], n_prompts=10, shard_size=SHARD_SIZE)
+    assert report["empty_share"] == 0.5
+    # every shard on disk: resuming has nothing to do and loads no model (its directory is gone)
+    generate_plan_shards([generator], prompts, tmp_path, seed=0, batch_size=2, shard_size=SHARD_SIZE)
