@@ -153,3 +153,17 @@ def test_the_registry_download_a_round_under_way_started_from_is_not_collected(t
     for download in (pinned, other):
         os.utime(download, (time.time() - 9 * DAY,) * 2)
     assert plan_garbage(tmp_path, keep_days=1).downloads == [other]
+
+
+def test_a_finished_series_keeps_its_last_pairs_and_policy_and_counts_once(tmp_path):
+    from tasks.cleanup import plan_garbage
+    from tasks.iteration import FINISHED_ROUNDS
+
+    store = ArtifactStore(tmp_path / "artifacts")
+    pairs = _old_commit(store, "comparisons", b"p", "kp")
+    policy = _old_commit(store, "policy", b"w", "kw", {"pairs": pairs})
+    _old_commit(store, "votes", b"v", "kv")
+    (tmp_path / FINISHED_ROUNDS).write_text(json.dumps({"weekly": {
+        "round_no": 3, "pairs": pairs.model_dump(), "policy": policy.model_dump(), "mlflow_run_id": "r"}}))
+    plan = plan_garbage(tmp_path, keep_days=1)
+    assert plan.n_series == 1 and [r.kind for r in plan.garbage] == ["votes"]

@@ -71,6 +71,12 @@ def test_same_seed_same_selection_other_seed_other_tiebreak():
 # ---------------------------------------------------------------- selection, balanced
 
 
+def test_the_report_describes_the_selection_and_the_pool_apart():
+    selected, report = select_prompts(_pool([["a", "b", "c"], ["a"], ["a"], ["a"]]), budget=1, seed=0)
+    assert selected["tags"].tolist() == [["a", "b", "c"]]  # the most tagged first
+    assert report["mean_tags_selected"] == 3.0 and report["mean_tags_pool"] == 1.5
+
+
 def test_balanced_never_exceeds_the_cap_where_complexity_first_does():
     # "common" is on every tagged prompt: complexity-first takes it 8 times out of 10.
     pool = _pool([["common", f"r{i}"] for i in range(8)] + [["x"], ["y"], [], [], []])
