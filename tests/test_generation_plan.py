@@ -354,6 +354,11 @@ def test_each_of_a_strategys_n_samples_draws_its_own_stream():
     out, report = generate_responses(model, tok, PROMPTS.head(3), plan, generator="tiny", batch_size=3, seed=0)
     assert report["n_generated"] == 12 and report["duplicates_removed"] == 0
     assert out.groupby("prompt_id")["response"].nunique().tolist() == [4, 4, 4]
+    # the longest strategy must fit the model's positions, whichever comes first in the plan
+    too_long = [SamplingStrategy(name="short", temperature=0.0, n=1, max_new_tokens=5),
+                SamplingStrategy(name="long", temperature=0.0, n=1, max_new_tokens=200)]
+    with pytest.raises(GenerationInputError):
+        generate_responses(model, tok, PROMPTS.head(1), too_long, generator="tiny", batch_size=1, seed=0)
 
 
 def test_the_plans_small_rules_on_hand_made_inputs():
