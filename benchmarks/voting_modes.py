@@ -27,7 +27,6 @@ the labels' gold agreement after (gold ties left out). Writes the JSON (--json),
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shlex
 import sys

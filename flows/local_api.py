@@ -60,12 +60,14 @@ class LocalAPI:
         env = {**os.environ, "PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1", "PREFECT__SERVER_FINAL": "1",
                **get_current_settings().to_environment_variables(exclude_unset=True)}
         env.pop("PREFECT_API_URL", None)  # a relaunch: this process already points at the port that failed
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "uvicorn", "--app-dir", str(Path(prefect.__file__).parents[1]), "--factory",
-             "prefect.server.api.server:create_app", "--fd", str(listener.fileno()), "--log-level", "error",
-             "--lifespan", "on"], env=env, pass_fds=(listener.fileno(),),
-            preexec_fn=die_with_parent if sys.platform == "linux" else None)
-        listener.close()  # the server holds its own copy
+        try:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "uvicorn", "--app-dir", str(Path(prefect.__file__).parents[1]), "--factory",
+                 "prefect.server.api.server:create_app", "--fd", str(listener.fileno()), "--log-level", "error",
+                 "--lifespan", "on"], env=env, pass_fds=(listener.fileno(),),
+                preexec_fn=die_with_parent if sys.platform == "linux" else None)
+        finally:
+            listener.close()  # the server holds its own copy
 
     def wait_healthy(self, timeout_s: float) -> None:
         """Until /api/health answers 200; a server that exited early is launched again."""
