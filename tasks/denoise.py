@@ -7,7 +7,7 @@ from pathlib import Path
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from rlhf_core.artifacts import ArtifactRef
+from rlhf_core.artifacts import MANIFEST, ArtifactRef, Manifest
 from rlhf_core.config import ConfigError, DenoiseConfig
 from rlhf_core.reward.denoise import denoise
 from rlhf_core.schemas import read_table, write_table
@@ -21,7 +21,7 @@ VERSION = "2"
 def denoise_pairs(ctx: RunContext, cfg: DenoiseConfig, comparisons: ArtifactRef, votes: ArtifactRef,
                   simulated: bool) -> ArtifactRef:
     """The training pairs of the reward model, with flips, soft labels and margins."""
-    check_votes_measured_on(ctx, votes, comparisons)
+    check_votes_measured_on(votes, comparisons)
 
     def produce(out: Path, run: StageRun) -> dict[str, float]:
         pairs = read_table("comparisons", comparisons.file("comparisons.parquet"))
@@ -37,13 +37,14 @@ def denoise_pairs(ctx: RunContext, cfg: DenoiseConfig, comparisons: ArtifactRef,
                      inputs={"comparisons": comparisons, "votes": votes}, produce=produce)
 
 
-def check_votes_measured_on(ctx: RunContext, votes: ArtifactRef, comparisons: ArtifactRef) -> None:
+def check_votes_measured_on(votes: ArtifactRef, comparisons: ArtifactRef) -> None:
     """Refuse votes measured on other comparisons. A vote is r(chosen) - r(rejected) of the pair as it was
     oriented then, and a pair_id does not name an orientation (a re-import can swap a pair's majority): votes
     joined to other comparisons by pair_id alone would flip the wrong pairs, silently."""
-    if not ctx.store.holds(votes):
+    if not (Path(votes.path) / MANIFEST).is_file():  # a registry-style copy: nothing records what it was measured on
         return
-    measured_on = next((i.digest for i in ctx.store.manifest(votes).inputs if i.name == "comparisons"), None)
+    manifest = Manifest.model_validate_json((Path(votes.path) / MANIFEST).read_text())  # this store's or another's
+    measured_on = next((i.digest for i in manifest.inputs if i.name == "comparisons"), None)
     if measured_on is not None and measured_on != comparisons.digest:
         raise ConfigError(f"votes {votes.digest[:12]} were measured on comparisons {measured_on[:12]}, not on "
                           f"the comparisons given ({comparisons.digest[:12]}): a vote's sign is its pair's "

@@ -220,3 +220,16 @@ def test_votes_are_refused_on_comparisons_they_were_not_measured_on(round_to_vot
                                           rf"comparisons given \({other.digest[:12]}\).*vote again"):
         rlhf_stage(stage="denoise", inputs={"vote": f"votes:{votes['digest']}", "pairs": f"comparisons:{other.digest}"},
                    config=cfg)
+    # votes from another workdir's store (given by path) are checked alike: their manifest says what they were
+    # measured on
+    import shutil
+
+    from rlhf_core.artifacts import ArtifactRef
+    from tasks.denoise import check_votes_measured_on
+
+    elsewhere = Path(cfg.workdir).parent / "another-workdir" / "artifacts" / "votes" / votes["digest"]
+    shutil.copytree(votes["path"], elsewhere)
+    copied = ArtifactRef(kind="votes", digest=votes["digest"], path=str(elsewhere))
+    with pytest.raises(ConfigError, match="were measured on comparisons"):
+        check_votes_measured_on(copied, other)
+    check_votes_measured_on(copied, ArtifactRef(**first["artifacts"]["import_annotations"]))  # its own: accepted
