@@ -388,8 +388,10 @@ class ArtifactStore:
                 inputs[kind, digest] = set()
         ordered: list[tuple[str, str]] = []
         placed: set[tuple[str, str]] = set()
-        while len(placed) < len(inputs):  # lineage has no cycles: every pass places at least one
+        while len(placed) < len(inputs):
             ready = sorted(a for a in inputs if a not in placed and inputs[a] <= placed)
+            if not ready:  # a cycle, which only hand-edited manifests make: the rest in any order
+                ready = sorted(a for a in inputs if a not in placed)
             ordered += ready
             placed |= set(ready)
         return ordered

@@ -384,3 +384,20 @@ def test_held_content_digest_is_the_digest_of_the_files_whichever_execution_made
     (download / MANIFEST).unlink()
     held = {held_content_digest(ref) for ref in refs + [ArtifactRef(kind="policy", digest="x", path=str(download))]}
     assert refs[0].digest != refs[1].digest and held == {before}
+
+
+def test_a_removal_ends_when_hand_edited_manifests_name_each_other_as_inputs(tmp_path):
+    """The inputs in a manifest are not hashed: an edit can make a cycle, and the upstream-first order must still
+    place every artifact (it looped forever holding the workdir's lock)."""
+    store = ArtifactStore(tmp_path / "store")
+    refs = []
+    for name in ("a", "b"):
+        with store.staging() as staged:
+            (staged / "t.bin").write_bytes(name.encode())
+            refs.append(_commit(store, staged, kind="votes", key=name))
+    for ref, other in ((refs[0], refs[1]), (refs[1], refs[0])):
+        path = Path(ref.path) / "manifest.json"
+        manifest = json.loads(path.read_text())
+        manifest["inputs"] = [{"name": "x", "kind": other.kind, "digest": other.digest}]
+        path.write_text(json.dumps(manifest))
+    assert store.remove(*refs) == ["a", "b"] and store.committed() == []
