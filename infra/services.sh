@@ -32,12 +32,23 @@ launch() {  # name command...: in its own session (process group), so stop reach
 # pid: when it started (ticks since boot, /proc/PID/stat field 22); empty when it does not run
 started_at() { [[ -r /proc/$1/stat ]] && sed 's/.*) //' "/proc/$1/stat" | cut -d' ' -f20; }
 
+# pid file: the process started no later than its pid file was written (seconds since the epoch, to 1 s)
+started_before() {
+  local ticks boot hz; ticks=$(started_at "$1") || return 1
+  [[ -n "$ticks" ]] || return 1
+  boot=$(awk '/^btime/ {print $2}' /proc/stat); hz=$(getconf CLK_TCK)
+  (( boot + ticks / hz <= $(stat -c %Y "$2") + 1 ))
+}
+
 # name: the pid file's process runs and is the one `launch` started: after a reboot or a crash the pid may be
-# another process's, which `stop` would otherwise kill with its whole process group
+# another process's, which `stop` would otherwise kill with its whole process group. A pid file without a start
+# time (written by this script before it recorded them) is trusted when its process is older than the file.
 alive() {
-  [[ -f "$DIR/$1.pid" && -f "$DIR/$1.start" ]] || return 1
+  [[ -f "$DIR/$1.pid" ]] || return 1
   local pid; pid=$(cat "$DIR/$1.pid")
-  kill -0 "$pid" 2>/dev/null && [[ "$(started_at "$pid")" == "$(cat "$DIR/$1.start")" ]]
+  kill -0 "$pid" 2>/dev/null || return 1
+  if [[ -f "$DIR/$1.start" ]]; then [[ "$(started_at "$pid")" == "$(cat "$DIR/$1.start")" ]]
+  else started_before "$pid" "$DIR/$1.pid"; fi
 }
 
 in_use() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }  # port: something accepts connections there

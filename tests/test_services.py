@@ -162,7 +162,8 @@ def test_a_stale_pid_file_names_another_process_which_status_does_not_report_and
     try:
         time.sleep(0.2)  # setsid has exec'd sleep
         env = {**os.environ, "RLHF_SERVICES_DIR": str(tmp_path)}
-        (tmp_path / "mlflow.pid").write_text(f"{unrelated.pid}\n")  # as a crashed start left it, no .start
+        (tmp_path / "mlflow.pid").write_text(f"{unrelated.pid}\n")  # from before start times were recorded,
+        os.utime(tmp_path / "mlflow.pid", (time.time() - 3600,) * 2)  # and before a reboot: older than the process
         (tmp_path / "prefect.pid").write_text(f"{unrelated.pid}\n")
         (tmp_path / "prefect.start").write_text("1\n")  # the pid's start time then: another process
         run = lambda *args: subprocess.run(["bash", str(ROOT / "infra" / "services.sh"), *args], env=env,  # noqa: E731
@@ -175,6 +176,25 @@ def test_a_stale_pid_file_names_another_process_which_status_does_not_report_and
     finally:
         unrelated.kill()
         unrelated.wait()
+
+
+@pytest.mark.skipif(not Path("/proc").exists(), reason="reads /proc")
+def test_services_started_before_start_times_were_recorded_are_still_reported_and_stopped(tmp_path):
+    """A pid file the earlier script wrote (no .start): its process, older than the file, is the service."""
+    service = subprocess.Popen(["setsid", "sleep", "300"])
+    try:
+        time.sleep(1.2)  # the file is written after the process started, as launch wrote it
+        (tmp_path / "worker.pid").write_text(f"{service.pid}\n")
+        env = {**os.environ, "RLHF_SERVICES_DIR": str(tmp_path)}
+        run = lambda *args: subprocess.run(["bash", str(ROOT / "infra" / "services.sh"), *args], env=env,  # noqa: E731
+                                           capture_output=True, text=True, timeout=60)
+        assert f"worker: running (pid {service.pid}" in run("status").stdout
+        assert run("stop").returncode == 0
+        service.wait(timeout=20)  # stopped
+    finally:
+        if service.poll() is None:
+            service.kill()
+            service.wait()
 
 
 @pytest.mark.skipif(not Path("/proc").exists(), reason="reads /proc")
