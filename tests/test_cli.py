@@ -473,20 +473,27 @@ def test_verify_finds_damaged_artifacts_and_unfinished_executions_and_removes_th
     assert runner.invoke(app, ["verify", str(tmp_path / "nothing")]).exit_code == 2
 
 
+def _workdir_with_one_votes_artifact(workdir):
+    """A workdir whose store holds one votes artifact (votes.parquet, cache key "key"): (store, its ref)."""
+    from rlhf_core.artifacts import ArtifactStore
+
+    store = ArtifactStore(workdir / "artifacts")
+    with store.staging() as staged:
+        (staged / "votes.parquet").write_bytes(b"rows")
+        ref = store.commit(staged, kind="votes", stage="vote", stage_version="1", code_version="t", config={},
+                           config_digest="c", inputs={}, cache_key="key")
+    return store, ref
+
+
 def test_verify_remove_keeps_an_artifact_a_round_made_whole_while_it_scanned(tmp_path, monkeypatch):
     """The scan runs before the lock (minutes on a big store): a round that re-committed a damaged artifact
     meanwhile made it whole, and `--remove` must not delete it then."""
     import contextlib
 
     import tasks.common as common
-    from rlhf_core.artifacts import ArtifactStore
 
     workdir = tmp_path / "w"
-    store = ArtifactStore(workdir / "artifacts")
-    with store.staging() as staged:
-        (staged / "votes.parquet").write_bytes(b"rows")
-        ref = store.commit(staged, kind="votes", stage="vote", stage_version="1", code_version="t", config={},
-                           config_digest="c", inputs={}, cache_key="key")
+    store, ref = _workdir_with_one_votes_artifact(workdir)
     (Path(ref.path) / "votes.parquet").unlink()  # damaged: a file missing
     real_lock = common.lock_workdir
 
@@ -508,14 +515,8 @@ def test_verify_remove_keeps_an_artifact_a_round_made_whole_while_it_scanned(tmp
 def test_verify_remove_deletes_an_artifact_that_lost_its_manifest_once(tmp_path):
     """A directory without its manifest is a damaged artifact, not a cache entry pointing at nothing: it was both,
     and --remove deleted its entry twice (FileNotFoundError, no summary)."""
-    from rlhf_core.artifacts import ArtifactStore
-
     workdir = tmp_path / "w"
-    store = ArtifactStore(workdir / "artifacts")
-    with store.staging() as staged:
-        (staged / "votes.parquet").write_bytes(b"rows")
-        ref = store.commit(staged, kind="votes", stage="vote", stage_version="1", code_version="t", config={},
-                           config_digest="c", inputs={}, cache_key="key")
+    store, ref = _workdir_with_one_votes_artifact(workdir)
     (Path(ref.path) / "manifest.json").unlink()
     listed = runner.invoke(app, ["verify", str(workdir)])
     assert listed.exit_code == 1 and "0 intact, 1 damaged; 0 cache entries point at no artifact" in listed.output
