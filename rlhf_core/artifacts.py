@@ -131,15 +131,19 @@ def write_provenance(staged: Path, stage: str, stage_version: str, config_digest
     (staged / PROVENANCE).write_text(json.dumps(record, indent=2) + "\n")
 
 
+def manifest_of(ref: ArtifactRef) -> Manifest | None:
+    """The manifest in an artifact's directory, whichever store it is in; None for a directory without one (a
+    registry download)."""
+    path = Path(ref.path) / MANIFEST
+    return Manifest.model_validate_json(path.read_text()) if path.is_file() else None
+
+
 def held_content_digest(ref: ArtifactRef) -> str:
     """The digest of what an artifact holds, without its provenance: the same for two executions that made the same
     files (the artifact's digest before provenance.json existed). From its manifest; a directory without one (a
     registry download) is hashed."""
-    manifest_path = Path(ref.path) / MANIFEST
-    if manifest_path.is_file():
-        files = Manifest.model_validate_json(manifest_path.read_text()).files
-    else:
-        files = content_digest(Path(ref.path))[1]
+    manifest = manifest_of(ref)
+    files = manifest.files if manifest is not None else content_digest(Path(ref.path))[1]
     return files_digest({rel: sha for rel, sha in files.items() if rel != PROVENANCE})
 
 

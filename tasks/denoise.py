@@ -7,7 +7,7 @@ from pathlib import Path
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from rlhf_core.artifacts import MANIFEST, ArtifactRef, Manifest
+from rlhf_core.artifacts import ArtifactRef, manifest_of
 from rlhf_core.config import ConfigError, DenoiseConfig
 from rlhf_core.reward.denoise import denoise
 from rlhf_core.schemas import read_table, write_table
@@ -41,9 +41,9 @@ def check_votes_measured_on(votes: ArtifactRef, comparisons: ArtifactRef) -> Non
     """Refuse votes measured on other comparisons. A vote is r(chosen) - r(rejected) of the pair as it was
     oriented then, and a pair_id does not name an orientation (a re-import can swap a pair's majority): votes
     joined to other comparisons by pair_id alone would flip the wrong pairs, silently."""
-    if not (Path(votes.path) / MANIFEST).is_file():  # a registry-style copy: nothing records what it was measured on
+    manifest = manifest_of(votes)  # this store's, or another workdir's given by path
+    if manifest is None:  # a copy without a manifest: nothing records what it was measured on
         return
-    manifest = Manifest.model_validate_json((Path(votes.path) / MANIFEST).read_text())  # this store's or another's
     measured_on = next((i.digest for i in manifest.inputs if i.name == "comparisons"), None)
     if measured_on is not None and measured_on != comparisons.digest:
         raise ConfigError(f"votes {votes.digest[:12]} were measured on comparisons {measured_on[:12]}, not on "
