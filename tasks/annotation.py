@@ -71,9 +71,10 @@ def collect_annotations(ctx: RunContext, cfg: AnnotationConfig, world: WorldConf
         (out / "exports" / SIMULATED_EXPORT).write_text(json.dumps(export, indent=1))
         return {"annotators/simulated": 1.0, "annotators/n_tasks": len(tasks)}
 
-    # The user's files are copied as they are: their content is the key, not the simulated crowd's settings (the
-    # world) or the seed, which only the simulated export reads. A changed file is never served from the cache.
-    config = {"annotation": cfg.model_dump(), "export_sha256": keyed}
+    # The user's files are copied as they are: their content and names are the key, not the simulated crowd's
+    # settings (the world) or the seed, which only the simulated export reads, nor the paths they were given by
+    # (relative here, absolute from the on-new-export trigger). A changed file is never served from the cache.
+    config = {"annotation": keyed_annotation_config(cfg), "export_sha256": keyed}
     if not files:
         config |= {"world": world.model_dump(), "seed": seed}
     return run_stage(ctx, stage="annotators", version=COLLECT_VERSION, kind="annotation_export", config=config,
@@ -107,8 +108,14 @@ def import_annotations(ctx: RunContext, cfg: AnnotationConfig, export: ArtifactR
         return metrics
 
     return run_stage(ctx, stage="import_annotations", version=IMPORT_VERSION, kind="comparisons",
-                     config={"annotation": cfg.model_dump(), "simulated": simulated},
+                     config={"annotation": keyed_annotation_config(cfg), "simulated": simulated},
                      inputs={"export": export, "responses": responses}, produce=produce)
+
+
+def keyed_annotation_config(cfg: AnnotationConfig) -> dict:
+    """The annotation config as the cache keys hold it: the exports by file name (the path that led to a file is
+    not what a stage reads; its content is keyed by digest)."""
+    return cfg.model_dump() | {"exports": [Path(p).name for p in cfg.exports]}
 
 
 def no_pairs_message(quarantine: pd.DataFrame, report: dict) -> str:

@@ -79,6 +79,50 @@ def test_majority_of_three_with_min_gap_and_repeats():
     assert summary(mean_pairs) == [("r4", "r5", 4, 0.5, pytest.approx(0.875), False)]
 
 
+def rankings_table(rankings: list[tuple[str, str, list[str]]]) -> pd.DataFrame:
+    """(annotator, judgement id, ranked ids best first) -> the scores table, as a Ranker import writes it."""
+    return pd.DataFrame([
+        {"score_id": f"{jid}:{who}:{rid}", "annotation_id": f"{jid}:{who}", "prompt_id": "p1", "response_id": rid,
+         "score": -float(position), "annotator": who, "raw": "{}"}
+        for who, jid, ranked in rankings for position, rid in enumerate(ranked, start=1)])
+
+
+def test_two_rankings_of_other_items_are_two_scales_not_one():
+    """u ranks r1 > r2 > r3 in one task and r3 > r2 in another. Averaged positions made r3 (-3 and -1: -2) tie r2
+    (-2 and -2) and r1 - r3 a gap of 1; each ranking's own order gives r1 > r2, r1 > r3 (gap 2) and r2 vs r3 both
+    ways."""
+    table = rankings_table([("u", "t1", ["r1", "r2", "r3"]), ("u", "t2", ["r3", "r2"])])
+    pairs, report = pairs_from_annotator_scores(table, RESPONSES, aggregate="majority", ties="keep")
+    # r2-r3: +1 in t1, -1 in t2 -> u's one vote is their mean, 0: a tie vote
+    assert summary(pairs) == [("r1", "r2", 1, 1.0, 1.0, False), ("r1", "r3", 1, 1.0, 2.0, False),
+                              ("r2", "r3", 1, 1.0, 0.0, True)]
+    assert report["n_repeated_scores"] == 0 and report["n_annotator_pairs"] == 3
+    # the reviewer's case: r1 > r2 > r3 in one task, r3 > r4 in another: r3 > r4 (positions made r4 = -2.5 > r3 = -3)
+    responses = pd.DataFrame({"prompt_id": "p1", "response_id": ["r1", "r2", "r3", "r4"], "prompt": "q1",
+                              "response": ["one", "two", "three", "four"]})
+    table = rankings_table([("u", "t1", ["r1", "r2", "r3"]), ("u", "t2", ["r3", "r4"])])
+    pairs, _ = pairs_from_annotator_scores(table, responses, aggregate="majority")
+    assert sorted(zip(pairs["chosen_id"], pairs["rejected_id"])) == [("r1", "r2"), ("r1", "r3"), ("r2", "r3"),
+                                                                     ("r3", "r4")]
+    with pytest.raises(ValueError, match="rank different sets of responses.*annotation.aggregate to 'majority'"):
+        pairs_from_annotator_scores(table, responses, aggregate="mean")
+
+
+def test_mean_of_positions_where_they_are_one_scale_and_a_clear_error_where_not():
+    # two annotators rank the same three responses: the mean of positions (a Borda count) is one scale
+    same = rankings_table([("u", "t1", ["r1", "r2", "r3"]), ("v", "t2", ["r2", "r1", "r3"])])
+    pairs, _ = pairs_from_annotator_scores(same, RESPONSES, aggregate="mean", ties="keep")
+    # means: r1 = r2 = -1.5, r3 = -3
+    assert summary(pairs) == [("r1", "r2", 2, 0.0, 0.0, True), ("r1", "r3", 2, 1.0, 1.5, False),
+                              ("r2", "r3", 2, 1.0, 1.5, False)]
+    twice = rankings_table([("u", "t1", ["r1", "r2", "r3"]), ("u", "t2", ["r2", "r1", "r3"])])
+    with pytest.raises(ValueError, match="prompt p1: .*rank the same responses twice for one annotator"):
+        pairs_from_annotator_scores(twice, RESPONSES, aggregate="mean")
+    rated = pd.concat([same, scores_table([("w", "r1", 4)])], ignore_index=True)
+    with pytest.raises(ValueError, match="are mixed with single scores"):
+        pairs_from_annotator_scores(rated, RESPONSES, aggregate="mean")
+
+
 def test_bad_arguments_and_unknown_responses_raise():
     with pytest.raises(ValueError, match="aggregate="):
         pairs_from_annotator_scores(TWO_ANNOTATORS, RESPONSES, aggregate="median")

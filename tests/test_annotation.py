@@ -67,6 +67,20 @@ def test_import_accepts_and_quarantines_with_reasons():
     assert by_id.loc["t2", "chosen"] == "five" and report["n_pairs"] == 2
 
 
+def test_a_task_id_one_annotator_judged_on_two_tasks_that_show_other_responses_is_named_so():
+    """Two projects' tasks both named t1 (data.task_id): the second shows r1 vs r3. Annotator 7, who judged both,
+    had the second quarantined as a "duplicate ... the same way" (a false reason; one judgement id for both);
+    annotator 8's judgement of it is kept (pairs are named by their content: test_importer)."""
+    export = [_task(1, "r1", "r2", "p1", [_ann(1, 7, "left")]),
+              _task(1, "r1", "r3", "p1", [_ann(3, 7, "left"), _ann(4, 8, "right")]),
+              _task(1, "r1", "r2", "p1", [_ann(5, 7, "left")])]  # the first task again: a duplicate, truly
+    annotations, quarantine = import_label_studio(export, RESPONSES)
+    assert annotations[["annotation_id", "response_b_id"]].values.tolist() == [["t1:7", "r2"], ["t1:8", "r3"]]
+    assert quarantine["reason"].tolist() == ["task_id_reused", "duplicate"]
+    assert quarantine["detail"][0] == ("task id t1 already names a task this annotator judged, showing p1, r1, r2; "
+                                       "this one shows p1, r1, r3: give each task its own data.task_id")
+
+
 def test_majority_gives_each_annotator_one_vote_per_pair_in_either_order():
     """Annotator 7 saw r1 vs r2 twice (as r1|r2 and as r2|r1) and preferred r1 both times; annotator 8 preferred
     r2: one vote each, a tie, no comparison. Annotator 9 splits their own two labels: no vote."""

@@ -62,7 +62,7 @@ def test_hh_export_through_the_round_recorded_in_mlflow_and_prefect(prefect_api,
     assert len(arts) == 1 and arts[0].type == "table" and "200 input rows" in arts[0].description
 
 
-def test_same_file_same_digest_and_a_new_export_adds_only_new_pairs(prefect_api, allow_tmp):
+def test_same_file_same_digest_and_a_new_export_adds_only_new_pairs(prefect_api, allow_tmp, monkeypatch):
     lines = _hh_lines(30)
     first, second = allow_tmp / "first.jsonl", allow_tmp / "second.jsonl"
     first.write_text("".join(lines[:20]))
@@ -79,6 +79,10 @@ def test_same_file_same_digest_and_a_new_export_adds_only_new_pairs(prefect_api,
     stage = client.search_runs([client.get_run(again["mlflow"]["run_id"]).info.experiment_id],
                                filter_string="tags.`rlhf.stage` = 'annotators'", order_by=["attributes.start_time DESC"])
     assert stage[0].data.tags["rlhf.cache"] == "hit"
+    # ... nor the path a file was given by (relative here, absolute from rlhf-round/on-new-export): every stage
+    # after it ran again on the same data
+    monkeypatch.chdir(allow_tmp)
+    assert _tables(_round(allow_tmp / "w1", [Path("first.jsonl")]))[2].digest == ref_a.digest
 
     merged, quarantine, _ = _tables(_round(allow_tmp / "w1", [first, second]))
     assert len(merged) == 30 and merged["pair_id"].is_unique

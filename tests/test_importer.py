@@ -107,6 +107,14 @@ def test_detect_file_format(tmp_path):
     assert detect_file_format(tmp_path / "x.parquet") == "score_table"
     with pytest.raises(ValueError, match="annotation.format"):
         detect_file_format(tmp_path / "x.txt")
+    # a score table whose first row lacks its prompt_id (a bad row, quarantined by the import) is still one; the
+    # whole file was refused as "cannot tell the text-pair format ... pass fmt='hh'"
+    (tmp_path / "bad-first.jsonl").write_text('{"response_id": "r1", "score": 4}\n'
+                                              '{"prompt_id": "p1", "response_id": "r2", "score": 2}\n')
+    assert detect_file_format(tmp_path / "bad-first.jsonl") == "score_table"
+    (tmp_path / "neither.jsonl").write_text('{"question": "q", "answer": "a"}\n')
+    with pytest.raises(ValueError, match=r"pass annotation.format \(score_table, hh, trl or trl_messages\)"):
+        detect_file_format(tmp_path / "neither.jsonl")
 
 
 def test_an_empty_jsonl_export_is_named_empty(tmp_path):

@@ -1,16 +1,23 @@
 """Comparison pairs from several annotators' scores, and inter-annotator agreement.
 
-Scores (the scores table) become pairs by one of two aggregations. First, an annotator who scored
+Scores (the scores table) become pairs by one of two aggregations. A ranking (a judgement that
+scores several responses: a Label Studio Ranker task, a score table's ranking row) scores its items by position,
+which orders its own items only: two rankings of other items are not one scale (r4 last of four and
+first of two is not -2.5). So an annotator's scores fall into scales: each of their rankings is one,
+and all their single scores (ratings, scores, ranks) are one. In a scale, an annotator who scored
 one response more than once is given the mean of those scores (counted n_repeated_scores).
 
 - aggregate="mean": the mean score of each response over its annotators, then
   scores.pairs_from_scores(min_gap, mode, ties). Per pair, n_labels = the annotators who scored
   both responses, label_agreement = the share of them whose own scores order the pair as chosen
   (for a kept tie: whose own scores tie), an annotator's tie counting as disagreeing; NaN when no
-  annotator scored both (counted n_pairs_without_common_annotator).
-- aggregate="majority": each annotator's own pairs (scores.pairs_from_scores over their scores
-  alone, with min_gap and mode, ties kept as votes for neither side), then per unordered pair the
-  direction most of them chose. n_labels = the annotators with a pair there (ties included),
+  annotator scored both (counted n_pairs_without_common_annotator). A mean of positions is a
+  scale only when every ranking of the prompt ranks the same responses, one ranking per annotator,
+  and no single score is mixed in; other prompts raise ValueError (use "majority").
+- aggregate="majority": each annotator's own pairs (scores.pairs_from_scores over each of their
+  scales alone, with min_gap and mode, ties kept as votes for neither side; a pair ordered in two
+  of their scales gets the mean of its gaps there), then per unordered pair the direction most of
+  the annotators chose. n_labels = the annotators with a pair there (ties included),
   label_agreement = the majority's share of them. An even split (tie votes only, too) is a tied
   pair: dropped, or with ties="keep" kept as tie=True in response_id order with label_agreement
   = the share of tie votes; tied_pairs counts them either way. score_gap = the mean over those
@@ -47,18 +54,40 @@ AGGREGATES = ("mean", "majority")
 
 
 def _per_annotator(scores: pd.DataFrame, responses: pd.DataFrame) -> tuple[pd.DataFrame, int]:
-    """One score per (annotator, response): the mean of repeats; with the prompt and response texts."""
+    """One score per (annotator, scale, response): the mean of repeats; with the prompt and response texts. The
+    column `scale` is the ranking's annotation_id, or "" for the annotator's single scores (the module docstring)."""
     missing = sorted(set(scores["response_id"]) - set(responses["response_id"]))
     if missing:
         raise ValueError(f"{len(missing)} scored response(s) are not in the responses table, e.g. {missing[:3]}; "
                          "import scores against the same responses table")
-    grouped = scores.groupby(["annotator", "prompt_id", "response_id"], as_index=False, sort=True)["score"]
+    responses_per_judgement = scores.groupby("annotation_id")["response_id"].transform("nunique")
+    scores = scores.assign(scale=scores["annotation_id"].where(responses_per_judgement > 1, ""))
+    grouped = scores.groupby(["annotator", "scale", "prompt_id", "response_id"], as_index=False, sort=True)["score"]
     n_repeated = int((grouped.size()["size"] > 1).sum())
     texts = responses[["response_id", "prompt", "response"]].drop_duplicates("response_id")
     return grouped.mean().merge(texts, on="response_id", how="left"), n_repeated
 
 
+def _check_one_scale_per_prompt(own: pd.DataFrame) -> None:
+    """Mean aggregation's precondition: a prompt's rankings rank the same responses, one per annotator, and no
+    single score is mixed in (else positions of different lists would be averaged as one scale)."""
+    for prompt_id, group in own.groupby("prompt_id", sort=True):
+        rankings = group[group["scale"] != ""]
+        if rankings.empty:
+            continue
+        items = {frozenset(g["response_id"]) for _, g in rankings.groupby("scale")}
+        per_annotator = rankings.groupby("annotator")["scale"].nunique().max()
+        problem = ("rank different sets of responses" if len(items) > 1 else
+                   "rank the same responses twice for one annotator" if per_annotator > 1 else
+                   "are mixed with single scores (ratings)" if len(rankings) < len(group) else "")
+        if problem:
+            raise ValueError(f"prompt {prompt_id}: aggregate='mean' averages scores over annotators, but this "
+                             f"prompt's rankings {problem}, and positions in different lists are not one scale; set "
+                             "annotation.aggregate to 'majority' (pairs from each ranking's own order)")
+
+
 def _mean_pairs(own: pd.DataFrame, min_gap: float, mode: str, ties: str) -> tuple[pd.DataFrame, dict]:
+    _check_one_scale_per_prompt(own)
     mean = own.groupby(["prompt_id", "response_id", "prompt", "response"], as_index=False)["score"].mean()
     pairs, report = pairs_from_scores(mean, min_gap=min_gap, mode=mode, ties=ties)
     by_response = {rid: dict(zip(g["annotator"], g["score"])) for rid, g in own.groupby("response_id")}
@@ -75,16 +104,18 @@ def _mean_pairs(own: pd.DataFrame, min_gap: float, mode: str, ties: str) -> tupl
 
 
 def _majority_pairs(own: pd.DataFrame, min_gap: float, mode: str, ties: str) -> tuple[pd.DataFrame, dict]:
-    votes: dict[tuple[str, str, str], list[float]] = {}  # (prompt_id, a, b), a < b -> score(a) - score(b) per annotator
-    for _, group in own.groupby("annotator", sort=True):
-        annotator_pairs, _ = pairs_from_scores(group, min_gap=min_gap, mode=mode, ties="keep")
-        for prompt_id, chosen_id, rejected_id, gap in annotator_pairs[
+    # (prompt_id, a, b), a < b -> annotator -> score(a) - score(b) in each of their scales that orders the pair
+    votes: dict[tuple[str, str, str], dict[str, list[float]]] = {}
+    for (annotator, _), group in own.groupby(["annotator", "scale"], sort=True):
+        scale_pairs, _ = pairs_from_scores(group, min_gap=min_gap, mode=mode, ties="keep")
+        for prompt_id, chosen_id, rejected_id, gap in scale_pairs[
                 ["prompt_id", "chosen_id", "rejected_id", "score_gap"]].itertuples(index=False):
             a, b = sorted((chosen_id, rejected_id))
-            votes.setdefault((prompt_id, a, b), []).append(gap if chosen_id == a else -gap)
+            votes.setdefault((prompt_id, a, b), {}).setdefault(annotator, []).append(gap if chosen_id == a else -gap)
     texts = own.drop_duplicates("response_id").set_index("response_id")
     rows, tied_pairs = [], 0
-    for (prompt_id, a, b), gaps in sorted(votes.items()):
+    for (prompt_id, a, b), by_annotator in sorted(votes.items()):
+        gaps = [float(np.mean(own_gaps)) for own_gaps in by_annotator.values()]  # one vote per annotator
         n_a, n_b, n_tie = sum(g > 0 for g in gaps), sum(g < 0 for g in gaps), sum(g == 0 for g in gaps)
         tie = n_a == n_b
         tied_pairs += tie

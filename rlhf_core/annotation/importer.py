@@ -64,15 +64,11 @@ class ImportResult:
     report: dict[str, float] = field(default_factory=dict)
 
 
-def _first_object(path: Path) -> dict | None:
-    for _, line in text_pairs._lines(path):
-        if line.strip():
-            try:
-                obj = json.loads(line)
-            except ValueError:
-                continue
-            return obj if isinstance(obj, dict) else None
-    return None
+def _jsonl_kind(obj: dict) -> str | None:
+    """A JSONL line's format: a score-table row (prompt_id and a score, rank or ranking), or a text pair's."""
+    if "prompt_id" in obj and any(k in obj for k in SCORE_KEYS):
+        return "score_table"
+    return text_pairs._kind(obj)
 
 
 EXPORT_SUFFIXES = (".json", ".jsonl", ".ndjson", ".csv", ".parquet")  # in any case, each optionally .gz
@@ -84,7 +80,8 @@ def is_export_name(name: str) -> bool:
 
 
 def detect_file_format(path: str | Path) -> str:
-    """The importer for a file, from its name and, for JSONL, the keys of its first object."""
+    """The importer for a file, from its name and, for JSONL, the keys of the first of its first lines that tells
+    (a bad first row is quarantined by the import, not taken for the file's format)."""
     path = Path(path)
     name = path.name.lower().removesuffix(".gz")
     if name.endswith(".json"):
@@ -95,10 +92,8 @@ def detect_file_format(path: str | Path) -> str:
         if not any(line.strip() for _, line in text_pairs._lines(path)):  # as an empty CSV file, not 0 text pairs
             raise ImportFormatError(f"{path}: the file has no rows (an empty or failed export?); export it again, or "
                                     "remove it from annotation.exports")
-        obj = _first_object(path) or {}
-        if "prompt_id" in obj and any(k in obj for k in SCORE_KEYS):
-            return "score_table"
-        return text_pairs.detect_format(path)
+        return text_pairs.detect_format(path, _jsonl_kind, "annotation.format (score_table, hh, trl or "
+                                                           "trl_messages)")
     raise ImportFormatError(
         f"{path}: cannot tell the format from the name (expected .json, .jsonl, .csv or .parquet, "
         f"optionally .gz); set annotation.format"

@@ -47,6 +47,8 @@ reasons, in the order they are checked:
     bad_ranking           not one list (a bucketed Ranker) of >= 2 distinct ids, all among the items
     unknown_response      a response id not in the responses table
     prompt_mismatch       a response that belongs to another prompt
+    task_id_reused        the annotator already judged a task of this id that shows other ids (a data.task_id
+                          given twice, e.g. by two projects): one judgement id for both; other annotators' are kept
     duplicate             the annotator already judged this task in this export, the same way
     contradictory         the annotator already judged this task in this export, another way
                           (the first judgement stays accepted)
@@ -310,6 +312,16 @@ def _rows(j: _Judgement, data: dict, raw: str, source_index: int) -> list[dict]:
             for rid, score in scored]
 
 
+def check_task_shown_alike(shown: dict[str, list[str] | None], key: str, task_id: str, now: list[str] | None
+                           ) -> None:
+    """Raise `task_id_reused` if the judgement `key` was accepted for a task that showed other ids than `now` (it
+    was quarantined as a duplicate "the same way": a false reason)."""
+    if key in shown and shown[key] != now:
+        before, after = (", ".join(ids or ["?"]) for ids in (shown[key], now))
+        raise Rejected("task_id_reused", f"task id {task_id} already names a task this annotator judged, showing "
+                                         f"{before}; this one shows {after}: give each task its own data.task_id")
+
+
 def check_not_repeated(first: dict, key: str, judgement, earlier: str) -> None:
     """Raise `duplicate` (the same judgement) or `contradictory` (another one) if `key` was already
     accepted; `first` maps accepted keys to their judgements, and the first judgement stays."""
@@ -329,6 +341,7 @@ def import_label_studio_export(export: list[dict], responses: pd.DataFrame,
     known = dict(zip(responses["response_id"], responses["prompt_id"]))
     annotation_rows, score_rows, quarantined, n_input = [], [], [], 0
     first: dict[str, _Judgement] = {}  # annotation_id -> its accepted judgement
+    shown: dict[str, list[str] | None] = {}  # annotation_id -> the ids its accepted task showed
     counts = dict.fromkeys(TEMPLATES, 0)
     for t_index, task in enumerate(export):
         annotations = task.get("annotations") if isinstance(task, dict) else None
@@ -347,12 +360,14 @@ def import_label_studio_export(export: list[dict], responses: pd.DataFrame,
             try:
                 judgement = _judgement(task, annotation, known, max_rating)
                 key = judgement.annotation_id
+                check_task_shown_alike(shown, key, judgement.task_id, _shown(task["data"]))
                 check_not_repeated(first, key, judgement,
                                    f"annotator {judgement.annotator} already judged task {judgement.task_id}")
             except Rejected as rejected:
                 quarantined.append((t_index, rejected.reason, rejected.detail, raw))
                 continue
             first[key] = judgement
+            shown[key] = _shown(task["data"])
             counts[judgement.template] += 1
             rows = _rows(judgement, task["data"], raw, t_index)
             (annotation_rows if judgement.template == "pairwise" else score_rows).extend(rows)

@@ -64,7 +64,7 @@ import os
 import tempfile
 import zlib
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -318,10 +318,12 @@ def _kind(obj: dict) -> Literal["hh", "trl", "trl_messages"] | None:
     return None
 
 
-def detect_format(path: str | Path) -> Literal["hh", "trl", "trl_messages"]:
+def detect_format(path: str | Path, kind: Callable[[dict], str | None] = _kind,
+                  formats: str = "fmt='hh', fmt='trl' or fmt='trl_messages'") -> str:
     """The format of a JSONL file of text pairs, told by the first of its first DETECT_LINES
     JSON-object lines that fits one: "prompt" a list → "trl_messages", a string → "trl";
-    no "prompt" but "chosen" and "rejected" → "hh". None fits: ImportFormatError (a ValueError).
+    no "prompt" but "chosen" and "rejected" → "hh". None fits: ImportFormatError (a ValueError) naming
+    `formats`. `kind`: another line classifier (the importer's also knows score-table rows).
     """
     seen: list[list[str]] = []
     for _, line in _lines(Path(path)):
@@ -331,14 +333,14 @@ def detect_format(path: str | Path) -> Literal["hh", "trl", "trl_messages"]:
             continue
         if not isinstance(obj, dict):
             continue
-        if kind := _kind(obj):
-            return kind
+        if fmt := kind(obj):
+            return fmt
         seen.append(sorted(obj)[:8])
         if len(seen) == DETECT_LINES:
             break
     raise ImportFormatError(
-        f"{path}: cannot tell the text-pair format from {len(seen)} JSON object line(s) "
-        f"(keys of the first: {seen[:3]}); pass fmt='hh', fmt='trl' or fmt='trl_messages'"
+        f"{path}: cannot tell the format from {len(seen)} JSON object line(s) "
+        f"(keys of the first: {seen[:3]}); pass {formats}"
     )
 
 
