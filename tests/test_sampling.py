@@ -5,6 +5,7 @@ import pandas as pd
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from pydantic import ValidationError
 
 from rlhf_core.config import ConfigError, SamplingConfig, parse_config
 from rlhf_core.sampling.dedup import drop_near_duplicate_prompts, lsh_params, minhash_signatures
@@ -98,6 +99,18 @@ def test_balanced_never_exceeds_the_cap_where_complexity_first_does():
     shares = _pool([["common", f"r{i}"] for i in range(100)] + [[f"s{i}"] for i in range(50)])
     capped, report = select_prompts(shares, budget=100, seed=0, mode="balanced", max_tag_share=0.29)
     assert report["tag_cap"] == 29 and sum("common" in ts for ts in capped["tags"]) == 29
+
+
+def test_a_balanced_cap_of_zero_prompts_is_refused_before_any_work():
+    """int(0.3 x 3) = 0: nothing tagged could be selected (the stage committed 0 prompts, generation then crashed)."""
+    pool = _pool([["a"], ["b"], ["c"], ["d"]])
+    with pytest.raises(ValueError, match=r"int\(0.3 x 3\) is 0 prompts per tag.*at least 0.3334 or sampling.n_samples "
+                       r"to at least 4"):
+        select_prompts(pool, budget=3, seed=0, mode="balanced", max_tag_share=0.3)
+    with pytest.raises(ValidationError, match="is 0 prompts per tag"):
+        SamplingConfig(n_samples=3, mode="balanced")
+    assert len(select_prompts(pool, budget=3, seed=0, mode="balanced", max_tag_share=0.3334)[0]) == 3
+    assert SamplingConfig(n_samples=3, mode="complexity_first").n_samples == 3  # no cap there
 
 
 # ---------------------------------------------------------------- normalisation and deduplication

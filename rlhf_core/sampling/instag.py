@@ -21,6 +21,7 @@ Cost: O(tag occurrences + budget * tags-per-prompt * log(tags)), not O(pool * pa
 from __future__ import annotations
 
 import heapq
+import math
 from collections import Counter
 from itertools import chain, islice
 from typing import Literal
@@ -95,12 +96,28 @@ def instag_passes(prompt_tags: list[list[int]], n_tags: int, budget: int, cap: i
     return chosen + fill, n_passes, len(fill)
 
 
-def check_selection(budget: int, n_pool: int, mode: str) -> None:
-    """Fail before any work (deduplication, paid tagging) on a bad mode or a budget over the pool."""
+def tag_cap(budget: int, max_tag_share: float) -> int:
+    """Balanced mode's cap: prompts per tag, of the budget (+ 1e-9: 0.29 * 100 is 28.99..)."""
+    return int(max_tag_share * budget + 1e-9)
+
+
+def check_selection(budget: int, n_pool: int, mode: str, max_tag_share: float = 0.3) -> None:
+    """Fail before any work (deduplication, paid tagging) on a bad mode, a budget over the pool, or a balanced
+    cap of 0 prompts per tag."""
     if mode not in PASS_REASON:
         raise ValueError(f"unknown sampling mode {mode!r}; expected one of {sorted(PASS_REASON)}")
     if budget > n_pool:
         raise ValueError(f"budget {budget} exceeds the pool of {n_pool} prompts")
+    check_tag_cap(budget, mode, max_tag_share)
+
+
+def check_tag_cap(budget: int, mode: str, max_tag_share: float) -> None:
+    """A balanced cap of 0 prompts per tag selects nothing (every tagged prompt is over it): a ValueError."""
+    if mode == "balanced" and tag_cap(budget, max_tag_share) < 1:
+        raise ValueError(f"balanced sampling's tag cap int(max_tag_share x n_samples) = int({max_tag_share} x "
+                         f"{budget}) is 0 prompts per tag, so no tagged prompt can be selected; raise "
+                         f"sampling.max_tag_share to at least {math.ceil(1e4 / budget) / 1e4:g} or sampling.n_samples to at least "
+                         f"{math.ceil(1 / max_tag_share - 1e-9)}")
 
 
 def select_prompts(
@@ -118,7 +135,7 @@ def select_prompts(
     keyword arguments: min_tag_count, merge_tag_variants, drop_duplicates, ...), then
     `select_from_pool`. Deterministic for a seed.
     """
-    check_selection(budget, len(prompts), mode)
+    check_selection(budget, len(prompts), mode, max_tag_share)
     return select_from_pool(prepare_pool(prompts, **prepare_options), budget, seed, mode=mode,
                             max_tag_share=max_tag_share)
 
@@ -131,7 +148,7 @@ def select_from_pool(
     Selects min(budget, pool after deduplication) prompts, fewer only in balanced mode when the
     cap leaves too few usable prompts. The report holds the pool's counts and the selection's.
     """
-    check_selection(budget, int(pool.report["n_pool"]), mode)
+    check_selection(budget, int(pool.report["n_pool"]), mode, max_tag_share)
     prompts, tags = pool.prompts, pool.tags
     target = min(budget, len(prompts))
 
@@ -142,8 +159,8 @@ def select_from_pool(
     tag_lists = tags.tolist()
     ranked_tags = [[vocab[t] for t in tag_lists[i]] for i in order]
     # of the budget, as documented (of the pool left after deduplication, when smaller, it shrank with each copy
-    # removed); + 1e-9: 0.29 * 100 is 28.99..
-    cap = int(max_tag_share * budget + 1e-9) if mode == "balanced" else None
+    # removed)
+    cap = tag_cap(budget, max_tag_share) if mode == "balanced" else None
     chosen, n_passes, n_fill = instag_passes(ranked_tags, len(vocab), target, cap)
 
     idx = order[chosen]

@@ -52,7 +52,7 @@ def build_tagger(cfg: TaggerConfig, workdir: str | Path, encoder=None) -> Tagger
 def run_sampling(prompts: pd.DataFrame, cfg: SamplingConfig, seed: int, workdir: str | Path,
                  progress: bool = False) -> SamplingResult:
     """Deduplicate, tag, normalise and select `cfg.n_samples` prompts of the pool (deterministic for a seed)."""
-    check_selection(cfg.n_samples, len(prompts), cfg.mode)
+    check_selection(cfg.n_samples, len(prompts), cfg.mode, cfg.max_tag_share)
     encoder = None
     if needs_encoder(cfg):
         from rlhf_core.sampling.embedding import Encoder
