@@ -96,6 +96,12 @@ UrlWithoutCredentials = Annotated[str | None, AfterValidator(no_credentials_in_u
 KEY_SHAPE = re.compile(r"(?<![A-Za-z0-9])(?:sk|gsk|hf|xai)[-_][A-Za-z0-9_-]{16,}")
 
 
+def holds_key(value: Any) -> bool:
+    """A string that looks like an API key, or a list / tuple holding one (annotation.exports, a tag vocabulary)."""
+    items = value if isinstance(value, (list, tuple)) else [value]
+    return any(isinstance(item, str) and KEY_SHAPE.search(item) for item in items)
+
+
 def _number_field(annotation: Any) -> bool:
     """An int or float field (optional or not) that takes no bool."""
     if annotation in (int, float):
@@ -117,7 +123,7 @@ class StrictModel(BaseModel):
         if isinstance(value, bool) and _number_field(cls.model_fields[info.field_name].annotation):
             raise ValueError(f"{str(value).lower()} is not a number (YAML reads yes, no, on and off as true / false): "
                              "give a number")
-        if isinstance(value, str) and KEY_SHAPE.search(value):
+        if holds_key(value):
             raise ValueError("this looks like an API key, which no config value may hold (it would be logged as an "
                              "MLflow param): give it through the environment (api_key_env) or a Prefect Secret block "
                              "(secret_block); the value is not shown")
@@ -300,6 +306,13 @@ class SamplingConfig(StrictModel):
         "smaller prompt_id is >= this; None = off",
     )
 
+    @model_validator(mode="after")
+    def _tag_cap_holds_a_prompt(self) -> SamplingConfig:
+        from rlhf_core.sampling.instag import check_tag_cap  # here, not at the top: the sampling package is heavy
+
+        check_tag_cap(self.n_samples, self.mode, self.max_tag_share)
+        return self
+
 
 class SamplingStrategy(StrictModel):
     """Sampling parameters of one strategy, and how many responses per prompt it draws."""
@@ -316,6 +329,12 @@ class SamplingStrategy(StrictModel):
     )
     max_new_tokens: int = Field(24, ge=1, le=131072, description="response length cap in tokens")
     n: int = Field(2, ge=1, description="responses per prompt with this strategy")
+
+
+def _distinct_per_prompt(generators) -> int:
+    """Distinct responses per prompt the generators give at most: a greedy strategy's n samples are one response
+    (responses are deduplicated)."""
+    return sum(1 if s.temperature == 0 or s.top_k == 1 else s.n for g in generators for s in g.strategies)
 
 
 def _repeated(names) -> list[str]:
@@ -403,7 +422,8 @@ class AnnotationConfig(StrictModel):
         "score/rank/ranking = score table; other JSONL = text pairs, hh/trl/trl_messages told by their keys)",
     )
     aggregate: Literal["majority", "mean"] = Field(
-        "majority", description="several annotators: majority of their preferences, or their mean score (scores only)"
+        "majority", description="several annotators: majority of their preferences (a ranking's pairs from its own "
+        "order), or their mean score (scores only; rankings only where a prompt's rankings rank the same responses)"
     )
     pair_mode: Literal["all", "best_vs_worst"] = Field(
         "all", description="pairs from scores/rankings: every two responses, or best vs worst per prompt"
@@ -639,8 +659,8 @@ PPO_PRESETS: dict[str, dict[str, Any]] = {
 # cache keys); a plain dump keeps them null, so it reloads under another preset as that preset.
 RESOLVED = {"resolved": True}
 # how a stage runs, not what it computes: out of cache keys, of a PPO checkpoint's run identity and of a worker's
-# run.json (a run killed on N ranks resumes on any number)
-EXECUTION_SETTINGS = frozenset({"num_processes", "deepspeed"})
+# run.json (a run killed on N ranks resumes on any number; checkpointing more or less often is the same run)
+EXECUTION_SETTINGS = frozenset({"num_processes", "deepspeed", "checkpoint_every"})
 
 
 def _preset_note(key: str) -> str:
@@ -986,20 +1006,20 @@ class RoundConfig(StrictModel):
                 f"evaluation.n_prompts ({self.evaluation.n_prompts}) exceeds world.n_eval_prompts "
                 f"({self.world.n_eval_prompts}), the world's held-out prompts: raise that or judge fewer"
             )
-        # distinct responses at most: a greedy strategy's n samples are one response (responses are deduplicated)
-        per_prompt = sum(1 if s.temperature == 0 or s.top_k == 1 else s.n
-                         for g in self.generation.generators for s in g.strategies)
+        per_prompt = _distinct_per_prompt(self.generation.generators)
         if not self.annotation.exports and per_prompt < 2:
             raise ValueError(
                 f"generation: the plan gives at most {per_prompt} distinct response per prompt (a greedy strategy, "
                 "temperature 0 or top_k 1, gives one whatever its n), and the simulated annotators compare two "
                 "responses of a prompt: give a sampling strategy n >= 2, or another strategy or generator"
             )
-        meta = self.reward.train.meta
-        if meta.enabled and meta.samples_per_prompt > per_prompt:
+        meta = self.reward.train.meta  # its samples are the policy's own (the generators whose model is "policy")
+        policy_per_prompt = _distinct_per_prompt(g for g in self.generation.generators if g.model == "policy")
+        if meta.enabled and meta.samples_per_prompt > policy_per_prompt:
             raise ValueError(f"reward.train.meta.samples_per_prompt ({meta.samples_per_prompt}) exceeds the "
-                             f"{per_prompt} distinct responses per prompt the generation plan gives at most: lower it, "
-                             "or sample more responses")
+                             f"{policy_per_prompt} distinct responses per prompt the generation plan gives the policy "
+                             "at most (generators whose model is \"policy\"; MetaRM's samples are the policy's own): "
+                             "lower it, or sample more responses from the policy")
         if self.policy_model.pretrained is None:  # the tiny policy: its context is known here (PPO did not check it)
             context = self.policy_model.max_position_embeddings
             lengths = {"ppo.max_new_tokens": self.ppo.max_new_tokens,
@@ -1072,7 +1092,7 @@ def _format_errors(err: ValidationError, source: str, cls: type[BaseModel]) -> s
         elif e["loc"][-1] in SECRET_BEARING_KEYS:  # a key pasted here must not reach a log or the console
             lines.append(f"  {key}: {e['msg'].removeprefix('Value error, ')} (value not shown: give the NAME of the "
                          "variable or Secret block that holds the key)")
-        elif e["loc"][-1] in URL_KEYS or isinstance(e.get("input"), str) and KEY_SHAPE.search(e["input"]):
+        elif e["loc"][-1] in URL_KEYS or holds_key(e.get("input")):
             lines.append(f"  {key}: {e['msg'].removeprefix('Value error, ')}")  # its message says why, unshown
         else:
             got = e.get("input")

@@ -24,7 +24,8 @@ from tasks.plots import ppo_curves
 WORKER = "rlhf_core.workers.ppo"
 # 4: the rollout's policy log-probs from generation's logits; 3: each prompt's responses drawn with a seed of its
 # rollout index (the same on any number of ranks)
-VERSION = "5"  # 5: rollouts stop at the model's own end-of-turn tokens too; lr/* the rates the steps used
+# 5: rollouts stop at the model's own end-of-turn tokens too; lr/* the rates the steps used
+VERSION = "6"  # 6: the KL reference is the SFT policy in every round (was the round's start policy from round 2 on)
 
 
 @task(name="ppo", version=VERSION, cache_policy=NO_CACHE)
@@ -40,7 +41,7 @@ def train_policy(ctx: RunContext, cfg: PPOConfig, policy: ArtifactRef, reward_mo
             demos = pd.read_parquet(sft.file("demonstrations.parquet"))
             ptx = list(zip(demos["prompt"], demos["response"]))
         model, tokenizer, history = train_on_ranks(cfg, policy.path, reward_model.path, reward_train.max_length,
-                                                   prompts, ptx, seed, run.scratch, on_iteration)
+                                                   prompts, ptx, seed, run.scratch, on_iteration, sft.path)
         models.save_hf(model, tokenizer, out)
         run.log_figure(ppo_curves(history), "ppo_curves.png")
         first, last = history[0], history[-1]
@@ -58,7 +59,8 @@ def train_policy(ctx: RunContext, cfg: PPOConfig, policy: ArtifactRef, reward_mo
 
 def train_on_ranks(cfg: PPOConfig, policy_dir: Path, reward_dir: Path, reward_max_length: int, prompts: list[str],
                    ptx: list[tuple[str, str]] | None, seed: int, scratch: Path,
-                   on_iteration: Callable[[dict[str, float]], None]) -> tuple[nn.Module, object, list[dict]]:
+                   on_iteration: Callable[[dict[str, float]], None], reference_dir: Path | None = None
+                   ) -> tuple[nn.Module, object, list[dict]]:
     """`train_ppo` in this process, or as cfg.num_processes data-parallel worker ranks (through DeepSpeed when
     cfg.deepspeed) that leave the policy and its history in `scratch`/policy (rank 0 writes). Either way the
     checkpoints live in `scratch`, so a run killed on any number of ranks resumes on any number (under
@@ -67,9 +69,10 @@ def train_on_ranks(cfg: PPOConfig, policy_dir: Path, reward_dir: Path, reward_ma
     if cfg.num_processes == 1 and cfg.deepspeed is None:
         return train_ppo(policy_dir, reward_scorer(reward_dir, reward_max_length), prompts, cfg, seed=seed,
                          critic_init_dir=reward_dir, on_iteration=on_iteration, progress=True, ptx_examples=ptx,
-                         gold_fn=gold_scores, checkpoint_dir=scratch)
+                         gold_fn=gold_scores, checkpoint_dir=scratch, reference_dir=reference_dir)
     policy_out = scratch / "policy"
-    run_worker(WORKER, worker_args(cfg, policy_dir, reward_dir, reward_max_length, prompts, ptx, seed, scratch),
+    run_worker(WORKER, worker_args(cfg, policy_dir, reward_dir, reward_max_length, prompts, ptx, seed, scratch,
+                                   reference_dir),
                cfg.num_processes, scratch / "worker.log", deepspeed=cfg.deepspeed)
     group_world_size(policy_out, cfg.num_processes, "PPO", scratch / "worker.log")
     history = json.loads((policy_out / "history.json").read_text())
@@ -79,17 +82,20 @@ def train_on_ranks(cfg: PPOConfig, policy_dir: Path, reward_dir: Path, reward_ma
 
 
 def worker_args(cfg: PPOConfig, policy_dir: Path, reward_dir: Path, reward_max_length: int, prompts: list[str],
-                ptx: list[tuple[str, str]] | None, seed: int, scratch: Path) -> list[str]:
+                ptx: list[tuple[str, str]] | None, seed: int, scratch: Path, reference_dir: Path | None = None
+                ) -> list[str]:
     """The PPO worker's arguments, its input files written into `scratch` (checkpoints there, the policy
     in `scratch`/policy)."""
     scratch.mkdir(parents=True, exist_ok=True)
     pd.DataFrame({"prompt": prompts}).to_parquet(scratch / "prompts.parquet", index=False)
-    (scratch / "ppo.json").write_text(cfg.model_dump_json())  # a plain dump reloads as the same config
-    ptx_args = []
+    # resolved (the preset's switches as values, not null): the worker's resume check compares this file, and a
+    # switch given explicitly at the preset's value is the same config (the same cache key and checkpoint)
+    (scratch / "ppo.json").write_text(cfg.model_dump_json(context=RESOLVED))
+    optional = [] if reference_dir is None else ["--reference-dir", str(reference_dir)]
     if ptx is not None:
         pd.DataFrame(ptx, columns=["prompt", "response"]).to_parquet(scratch / "ptx.parquet", index=False)
-        ptx_args = ["--ptx", str(scratch / "ptx.parquet")]
+        optional += ["--ptx", str(scratch / "ptx.parquet")]
     return ["--policy-dir", str(policy_dir), "--reward-model", str(reward_dir), "--reward-max-length",
-            str(reward_max_length), "--prompts", str(scratch / "prompts.parquet"), *ptx_args, "--config",
+            str(reward_max_length), "--prompts", str(scratch / "prompts.parquet"), *optional, "--config",
             str(scratch / "ppo.json"), "--seed", str(seed), "--checkpoint-dir", str(scratch), "--out",
             str(scratch / "policy"), "--progress"]

@@ -431,6 +431,21 @@ def test_train_ppo_raises_the_score(tiny_policy_dir):
     assert isinstance(policy, torch.nn.Module) and tokenizer.eos_token_id == 1
 
 
+def test_the_kl_penalty_is_to_the_reference_given_not_to_the_start_policy(tiny_policy_dir, tmp_path):
+    """A later round starts from the round before's policy and is anchored to SFT (`reference_dir`): its first
+    rollout, sampled from the start policy, is far from the reference; without one it is the start policy (KL 0)."""
+    tok = models.build_tokenizer()
+    models.save_hf(models.build_policy(TINY, tok, seed=1), tok, tmp_path / "start")
+    cfg = PPOConfig(iterations=1, rollout_prompts=4, max_new_tokens=6, mini_batch_size=8, critic_warmup_steps=0)
+    _, _, anchored = train_ppo(tmp_path / "start", lowercase_fraction, ["a", "b"], cfg, seed=0,
+                               reference_dir=tiny_policy_dir)
+    _, _, own = train_ppo(tmp_path / "start", lowercase_fraction, ["a", "b"], cfg, seed=0)
+    assert own[0]["objective/kl"] == pytest.approx(0.0, abs=1e-6) and anchored[0]["objective/kl"] > 0.1  # 0.33
+    assert own[0]["objective/score"] == anchored[0]["objective/score"]  # the same rollout, another anchor
+    with pytest.raises(ValueError, match="at least one prompt"):  # was: waited forever for a first batch
+        train_ppo(tiny_policy_dir, lowercase_fraction, [], cfg, seed=0)
+
+
 def test_train_ppo_is_deterministic_and_vanilla_switches_run(tiny_policy_dir):
     cfg = PPOConfig(
         iterations=2, rollout_prompts=4, max_new_tokens=6, mini_batch_size=4, critic_warmup_steps=0,
@@ -653,8 +668,10 @@ def test_a_killed_run_resumes_to_the_same_result(tiny_policy_dir, tmp_path):
     assert len(state["history"]) == 2 and state["policy"]["schedule"]["last_epoch"] == 2  # 8 steps, 6 warm-up
     assert state["policy"]["optimizer"]["state"]  # Adam's moments to restore
     replayed, scored[:] = [], []
-    policy, _, resumed = train_ppo(tiny_policy_dir, counted_reward, prompts, cfg, checkpoint_dir=tmp_path,
-                                   on_iteration=replayed.append, **args)
+    # resumed checkpointing every iteration: how often is not what the run computes (nor in its cache key)
+    every_iteration = cfg.model_copy(update={"checkpoint_every": 1})
+    policy, _, resumed = train_ppo(tiny_policy_dir, counted_reward, prompts, every_iteration,
+                                   checkpoint_dir=tmp_path, on_iteration=replayed.append, **args)
     assert replayed == resumed and [m["iteration"] for m in resumed] == list(range(5))
     assert sum(scored) * 5 == scored_by_full_run * 3 > 0  # it continued; it did not train from iteration 0 again
     for a, b in zip(full, resumed):

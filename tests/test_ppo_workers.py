@@ -38,18 +38,21 @@ METRIC_TOLERANCE = dict(rel=1e-4, abs=5e-5)  # measured: 1.8e-4 on a perplexity 
 
 @pytest.fixture(scope="module")
 def dirs(tmp_path_factory):
-    """A tiny policy and a reward model from it (the scores and the critic's start)."""
+    """A tiny policy, a reward model from it (the scores and the critic's start), and another policy as the KL
+    reference (a later round's: it starts from the round before's policy, anchored to SFT): a rank that ignored
+    the reference would measure KL to its start policy, and the runs would differ."""
     root = tmp_path_factory.mktemp("models")
     tok = models.build_tokenizer()
     models.save_hf(models.build_policy(TINY, tok, seed=0), tok, root / "policy")
     RewardModel.from_policy(root / "policy", seed=5).save(root / "rm", tok)
-    return root / "policy", root / "rm"
+    models.save_hf(models.build_policy(TINY, tok, seed=1), tok, root / "reference")
+    return root / "policy", root / "rm", root / "reference"
 
 
 def run(cfg: PPOConfig, dirs, scratch: Path):
     seen = []
     policy, _, history = train_on_ranks(cfg, dirs[0], dirs[1], REWARD_MAX_LENGTH, PROMPTS, PTX, SEED, scratch,
-                                        seen.append)
+                                        seen.append, dirs[2])
     assert seen == history
     return policy, history
 
@@ -82,13 +85,14 @@ def test_two_ranks_give_the_one_process_run(dirs, one_process, worker_env, tmp_p
     moved = max_weight_diff(one_process[0], models.load_policy(dirs[0]))
     assert diff < moved / 100  # equal, while PPO moved the weights far more
     assert all(m["loss/ptx"] > 0 for m in one_process[1])  # the ptx batches were split too
+    assert one_process[1][0]["objective/kl"] > 0.1  # to the reference, not to the policy the rollout sampled
     print(f"1 vs 2 ranks: max weight diff {diff:.2e}, weights moved {moved:.2e}")
 
 
 def kill_after_first_checkpoint(cfg: PPOConfig, dirs, scratch: Path, timeout: float = 300) -> dict:
     """Launch the PPO worker group, SIGKILL all of it (launcher, agent, ranks) once its first checkpoint is
     written, and return that checkpoint. The timeout leaves room for a cold DeepSpeed op cache."""
-    args = worker_args(cfg, dirs[0], dirs[1], REWARD_MAX_LENGTH, PROMPTS, PTX, SEED, scratch)
+    args = worker_args(cfg, dirs[0], dirs[1], REWARD_MAX_LENGTH, PROMPTS, PTX, SEED, scratch, dirs[2])
     argv, env = accelerate_command(WORKER, args, cfg.num_processes, cfg.deepspeed)
     tag = env[GROUP_ENV] = uuid.uuid4().hex
     proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
@@ -120,6 +124,17 @@ def test_the_number_of_ranks_is_checked_and_left_out_of_checkpoints(tmp_path):
     # a run killed on 2 ranks resumes on 1 (or 4): the checkpoint does not record how many ranks wrote it
     assert Checkpoint(tmp_path, TWO_RANKS, SEED).run == Checkpoint(tmp_path, CFG, SEED).run
     assert PPOConfig.model_validate_json(TWO_RANKS.model_dump_json()) == TWO_RANKS  # the worker's config file
+
+
+def test_a_switch_given_at_the_presets_value_is_the_same_run_to_the_worker(tmp_path):
+    """The worker's resume check compares its config file: a preset's switch given explicitly (the same cache key
+    and checkpoint) must write the same file, or a killed multi-rank run is refused as another run."""
+    explicit = TWO_RANKS.model_copy(update={"kl_coef": 0.05})
+    assert Checkpoint(tmp_path, explicit, SEED).run == Checkpoint(tmp_path, TWO_RANKS, SEED).run
+    for cfg, name in ((TWO_RANKS, "preset"), (explicit, "explicit")):
+        worker_args(cfg, Path("policy"), Path("rm"), REWARD_MAX_LENGTH, PROMPTS, None, SEED, tmp_path / name)
+    assert (tmp_path / "preset" / "ppo.json").read_text() == (tmp_path / "explicit" / "ppo.json").read_text()
+    assert PPOConfig.model_validate_json((tmp_path / "preset" / "ppo.json").read_text()).kl_coef == 0.05
 
 
 @pytest.mark.slow  # a whole round up to PPO (about two minutes on 2 cores)

@@ -343,8 +343,11 @@ def train_ppo(
     device: torch.device | None = None,
     deepspeed: dict | None = None,
     on_resume: Callable[[int], None] | None = None,
+    reference_dir: str | Path | None = None,
 ) -> tuple[nn.Module, object, list[dict[str, float]]]:
-    """PPO-max fine-tuning of the policy in `policy_dir` against `reward_fn`.
+    """PPO-max fine-tuning of the policy in `policy_dir` against `reward_fn`, KL-penalised towards the frozen
+    policy in `reference_dir` (the SFT policy; None = `policy_dir`: round 1 starts from SFT, a later round from
+    another policy but still anchored to SFT).
 
     ptx_examples: (prompt, response) pretraining/SFT data for the ptx loss (needed when
     cfg.ptx_coef > 0). gold_fn: the true reward where it is known (the simulated world), logged as
@@ -367,6 +370,8 @@ def train_ppo(
     """
     if cfg.ptx_coef > 0 and not ptx_examples:
         raise ValueError("ppo.ptx_coef > 0 needs ptx_examples (the SFT data); pass them or set ptx_coef: 0")
+    if not prompts:  # prompt_batches would wait forever for a first batch
+        raise ValueError("train_ppo needs at least one prompt; the prompt pool is empty")
     torch.manual_seed(seed)
     ranks = Ranks(rank, world_size)
     device = device or default_device()
@@ -379,7 +384,7 @@ def train_ppo(
     # eval(): no dropout, so the first PPO epoch starts exactly at ratio = 1.
     policy = learner(load_policy(policy_dir).to(device).eval(), cfg.policy_lr, cfg.lr_schedule,
                            cfg.policy_lr_warmup_steps, total_steps - cfg.critic_warmup_steps)
-    reference = load_policy(policy_dir).to(device).eval().requires_grad_(False)  # frozen initial policy
+    reference = load_policy(reference_dir or policy_dir).to(device).eval().requires_grad_(False)  # frozen
     use_reward_model = cfg.critic_from_reward_model and critic_init_dir is not None
     critic = learner(build_critic(policy_dir, critic_init_dir if use_reward_model else None).to(device).eval(),
                            cfg.critic_lr, cfg.lr_schedule, cfg.critic_lr_warmup_steps, total_steps)

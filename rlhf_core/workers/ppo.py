@@ -2,7 +2,7 @@
 
     ACCELERATE_USE_CPU=1 accelerate launch --multi_gpu --num_processes 2 --num_machines 1 \\
         --mixed_precision no --dynamo_backend no --main_process_port P \\
-        -m rlhf_core.workers.ppo --policy-dir POLICY --reward-model RM --reward-max-length 96 \\
+        -m rlhf_core.workers.ppo --policy-dir POLICY [--reference-dir SFT] --reward-model RM --reward-max-length 96 \\
         --prompts PARQUET [--ptx DEMOS.parquet] --config PPO.json --seed N --checkpoint-dir DIR --out DIR
 
 Every rank runs `train_ppo` with its rank and the world size (see rlhf_core.ppo.trainer): the same
@@ -35,7 +35,9 @@ from rlhf_core.workers.ranks import check_resumable_dir, finish_ranks, start_ran
 
 def parse_args(argv: list[str] | None = None):
     p = worker_parser(__doc__.splitlines()[0], "PPOConfig as a JSON file (model_dump_json)")
-    p.add_argument("--policy-dir", required=True, help="the policy PPO starts from (and its frozen reference)")
+    p.add_argument("--policy-dir", required=True, help="the policy PPO starts from")
+    p.add_argument("--reference-dir", default=None,
+                   help="the KL penalty's frozen reference (the SFT policy); default: --policy-dir")
     p.add_argument("--reward-model", required=True,
                    help="the reward model directory: the scores and the critic's start")
     p.add_argument("--reward-max-length", type=int, required=True, help="tokens the reward model reads")
@@ -57,7 +59,7 @@ def main(argv: list[str] | None = None) -> None:
         # every model as it loads (accelerate's zero3_init_context_manager(False) registers it again). The
         # reference and the reward model must stay whole; the engines partition the policy and the critic.
         unset_hf_deepspeed_config()
-    check_resumable_dir(args.checkpoint_dir, args, ("policy_dir", "reward_model", "prompts", "ptx"),
+    check_resumable_dir(args.checkpoint_dir, args, ("policy_dir", "reference_dir", "reward_model", "prompts", "ptx"),
                         accelerator.is_main_process)
     cfg = PPOConfig.model_validate_json(Path(args.config).read_text())
     prompts = pd.read_parquet(args.prompts, columns=["prompt"])["prompt"].tolist()
@@ -80,7 +82,7 @@ def main(argv: list[str] | None = None) -> None:
         args.policy_dir, score, prompts, cfg, args.seed,
         critic_init_dir=args.reward_model, on_iteration=report, progress=args.progress and accelerator.is_main_process,
         ptx_examples=ptx, gold_fn=gold_scores, checkpoint_dir=args.checkpoint_dir, rank=rank, world_size=world_size,
-        device=accelerator.device, deepspeed=deepspeed, on_resume=resumed)
+        device=accelerator.device, deepspeed=deepspeed, on_resume=resumed, reference_dir=args.reference_dir)
     if accelerator.is_main_process:
         models.save_hf(policy, tokenizer, args.out)
         atomic_write_text(Path(args.out) / "history.json", json.dumps(history))
