@@ -321,7 +321,8 @@ def _run_stages(config: RoundConfig, stop_after: StageName | None, round_no: int
         # failure, its round 1 started from the champion its own round 1 had made)
         pin = (config.name if config.iteration.continue_series else
                rounds_series_key(config.name) if series_run_id is not None else None)
-        policy, source = (series_start(config.workdir, pin, round_no, resolve)
+        made_for = {"sft": out["sft"].digest, "start_from": config.iteration.start_from}
+        policy, source = (series_start(config.workdir, pin, round_no, resolve, made_for)
                           if pin is not None and start_policy is None else resolve())
         lineage = lineage_tags(ctx, policy, source)
         ctx.tracker.set_tags(ctx.parent_run_id, lineage)

@@ -221,20 +221,26 @@ class StartedRound(BaseModel):
     round_no: int = Field(ge=1)
     policy: ArtifactRef
     source: str  # "sft" or "champion": starting_policy's word for it
+    # what resolve() read besides the registry (the SFT policy's digest, iteration.start_from); None in records
+    # from before it was kept: trusted
+    made_for: dict[str, str] | None = None
 
 
-def series_start(workdir: str | Path, name: str, round_no: int,
-                 resolve: Callable[[], tuple[ArtifactRef, str]]) -> tuple[ArtifactRef, str]:
-    """The start of round `round_no` of series `name`: as it was when that round first started (still on disk),
-    else `resolve()`, noted for its re-runs (atomically; the caller holds the workdir's lock)."""
+def series_start(workdir: str | Path, name: str, round_no: int, resolve: Callable[[], tuple[ArtifactRef, str]],
+                 made_for: dict[str, str] | None = None) -> tuple[ArtifactRef, str]:
+    """The start of round `round_no` of series `name`: as it was when that round first started (still on disk, and
+    pinned for the same `made_for`: a series of another config, e.g. another seed, under the name of one that never
+    finished would otherwise start from that one's policy), else `resolve()`, noted for its re-runs (atomically; the
+    caller holds the workdir's lock)."""
     started = _started_rounds(workdir)
     pinned = started.get(name)
-    if pinned is not None and pinned.round_no == round_no and Path(pinned.policy.path).is_dir():
+    if (pinned is not None and pinned.round_no == round_no and Path(pinned.policy.path).is_dir()
+            and pinned.made_for in (None, made_for)):
         _stage_logger().info("round %s #%d starts where it first started: %s %s (%s)", name, round_no,
                              pinned.policy.kind, pinned.policy.digest[:12], pinned.source)
         return pinned.policy, pinned.source
     policy, source = resolve()
-    started[name] = StartedRound(round_no=round_no, policy=policy, source=source)
+    started[name] = StartedRound(round_no=round_no, policy=policy, source=source, made_for=made_for)
     _write_started_rounds(workdir, started)
     return policy, source
 

@@ -109,6 +109,7 @@ def evaluation_against_champion(ctx: RunContext, config: RoundConfig, outputs: d
 
 # on a registered rlhf-policy version: its promotion decision, and the champion version it was judged against
 DECISION_TAG, JUDGED_AGAINST_TAG, NO_CHAMPION = "rlhf.promotion", "rlhf.promotion.judged_against", "none"
+PROMOTED = "promoted to champion"  # the decision's verdict when it moved the alias (earlier_promotion reads it back)
 
 
 def earlier_promotion(ctx: RunContext, candidate: ArtifactRef) -> dict[str, Any] | None:
@@ -124,10 +125,13 @@ def earlier_promotion(ctx: RunContext, candidate: ArtifactRef) -> dict[str, Any]
     champion = ctx.tracker.aliased_version(POLICY_MODEL, CHAMPION)
     if (NO_CHAMPION if champion is None else str(champion.version)) == version.tags.get(JUDGED_AGAINST_TAG):
         return None
-    reason = f"decided when it was first judged (the champion has changed since), not again: {decided}"
+    since = ("it is the champion since" if champion is not None and champion.version == version.version else
+             "the champion has changed since")
+    reason = f"decided when it was first judged ({since}), not again: {decided}"
     ctx.tracker.set_tags(ctx.parent_run_id, {"rlhf.promotion": "decided before", "rlhf.promotion.reason": reason})
     _stage_logger().info(reason)
-    return {"promoted": False, "version": int(version.version), "reason": reason}
+    # promoted then (a resumed rlhf-rounds logs series/promoted from this), whether or not it is the champion now
+    return {"promoted": f" {PROMOTED}: " in decided, "version": int(version.version), "reason": reason}
 
 
 def _baseline_digest(ctx: RunContext, evaluation: ArtifactRef) -> str | None:
@@ -147,7 +151,7 @@ def promote(ctx: RunContext, cfg: IterationConfig, candidate: ArtifactRef, evalu
                            "its ppo stage registers it; re-run the round to register it")
     win_rate = judged_win_rate(ctx.store.manifest(evaluation).metrics)
     promoted = win_rate > cfg.promote_min_win_rate
-    verdict = "promoted to champion" if promoted else "not promoted"
+    verdict = PROMOTED if promoted else "not promoted"
     reason = (f"{POLICY_MODEL} v{version.version} {verdict}: judged win rate {win_rate:.3f} (a tie half a win) "
               f"against {against} {'>' if promoted else '<='} iteration.promote_min_win_rate "
               f"{cfg.promote_min_win_rate}")

@@ -279,6 +279,13 @@ def test_a_series_round_run_again_starts_where_it_first_started(tmp_path):
     assert plan_garbage(tmp_path, keep_days=1).garbage == []
     (tmp_path / STARTED_ROUNDS).write_text("{")  # a record that does not read: resolved again, not a crash
     assert series_start(tmp_path, "weekly", 4, resolve(champion)) == (champion, "champion")
+    # a pin is for the config it was made for: a series of another seed (another SFT policy) under the name of one
+    # that never finished resolves its own start (it generated and trained PPO from the other seed's SFT policy)
+    seed0, seed1 = {"sft": "a" * 64, "start_from": "sft"}, {"sft": "b" * 64, "start_from": "sft"}
+    assert series_start(tmp_path, "rlhf-rounds:x", 1, resolve(champion), seed0) == (champion, "champion")
+    assert series_start(tmp_path, "rlhf-rounds:x", 1, resolve(own), seed0) == (champion, "champion")
+    assert series_start(tmp_path, "rlhf-rounds:x", 1, resolve(own), seed1) == (own, "champion")
+    assert series_start(tmp_path, "rlhf-rounds:x", 1, resolve(champion), seed1) == (own, "champion")
 
 
 def test_rlhf_rounds_run_again_after_a_failure_starts_and_decides_round_1_as_it_first_did(prefect_api, tmp_path,

@@ -147,6 +147,17 @@ def test_a_champion_that_moved_while_the_round_was_judged_is_not_replaced(tmp_pa
     result = promote.fn(ctx, rule, level_policy, level, "rlhf-policy v3 (champion)", "3")
     assert result["win_rate"] == pytest.approx(0.5) and result["promoted"] is False
     assert client.get_registered_model("rlhf-policy").aliases == {"champion": 3}
+    # their rounds run again (a resumed rlhf-rounds): each decision is read back as it was made, not made again;
+    # ours made itself champion (series/promoted is 1 from this), level was not promoted
+    from tasks.promotion import earlier_promotion
+
+    again = earlier_promotion(ctx, ours)
+    assert again["promoted"] is True and "(it is the champion since)" in again["reason"]
+    assert earlier_promotion(ctx, level_policy) is None  # judged against the champion it still has: decides again
+    client.set_registered_model_alias("rlhf-policy", "champion", "1")  # moved back by hand
+    again = earlier_promotion(ctx, level_policy)
+    assert again["promoted"] is False and "(the champion has changed since)" in again["reason"]
+    assert earlier_promotion(ctx, ours)["promoted"] is True  # promoted then, though no longer the champion
 
 
 def test_a_champion_of_another_model_is_named_by_what_differs(tmp_path):
