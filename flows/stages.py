@@ -54,7 +54,8 @@ def _denoise(ctx: RunContext, config: RoundConfig, a: Inputs, seed: int, simulat
 def _reward(ctx: RunContext, config: RoundConfig, a: Inputs, seed: int, simulated: bool) -> ArtifactRef:
     return train_reward(ctx, config.reward, a["denoise"], a["pairs"], a["sft"], a["world"], seed, simulated,
                         config.world.max_operand, tuple(config.world.operations),
-                        responses=a["generate"] if config.reward.train.meta.enabled else None)
+                        responses=a["generate"] if config.reward.train.meta.enabled else None,
+                        policy_generators=tuple(g.name for g in config.generation.generators if g.model == "policy"))
 
 
 def _ppo(ctx: RunContext, config: RoundConfig, a: Inputs, seed: int, simulated: bool) -> ArtifactRef:

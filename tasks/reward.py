@@ -26,19 +26,21 @@ VERSION = "3"
 @task(name="reward", version=VERSION, cache_policy=NO_CACHE)
 def train_reward(ctx: RunContext, cfg: RewardConfig, denoised: ArtifactRef, comparisons: ArtifactRef,
                  policy: ArtifactRef, world: ArtifactRef, seed: int, simulated: bool, max_operand: int = 4,
-                 operations: tuple[str, ...] = ("+", "-"), responses: ArtifactRef | None = None) -> ArtifactRef:
+                 operations: tuple[str, ...] = ("+", "-"), responses: ArtifactRef | None = None,
+                 policy_generators: tuple[str, ...] = ("policy",)) -> ArtifactRef:
     """Bradley-Terry with soft labels and margins; on the simulated world, accuracy against gold on held-out
     pairs (overall and per pair type), the answer probe, and the same for a baseline trained on the raw labels.
 
-    `responses` (the round's generated responses, samples of the policy PPO starts from) feed MetaRM's
-    meta step and are required when cfg.train.meta.enabled."""
+    `responses` (the round's generated responses) feed MetaRM's meta step and are required when
+    cfg.train.meta.enabled: the rows of the generators named `policy_generators` (generation.generators whose model
+    is "policy"), samples of the policy PPO starts from; other models' responses are no samples of it."""
     if cfg.train.meta.enabled and responses is None:
         raise ValueError("reward.train.meta.enabled needs the round's generated responses as policy samples")
 
     def produce(out: Path, run: StageRun) -> dict[str, float]:
         pairs = read_table("denoised", denoised.file("denoised.parquet"))
-        samples = (read_table("responses", responses.file("responses.parquet")) if cfg.train.meta.enabled
-                   else None)
+        samples = (policy_samples(read_table("responses", responses.file("responses.parquet")), policy_generators)
+                   if cfg.train.meta.enabled else None)
         model, tokenizer, report = train_on_ranks(cfg, policy.path, pairs, seed, samples, run.scratch / "denoised")
         if report.get("share_at_max_length", 0.0) > 0.01:  # a reward that cannot see the question judges blind
             _stage_logger().warning(
@@ -63,11 +65,17 @@ def train_reward(ctx: RunContext, cfg: RewardConfig, denoised: ArtifactRef, comp
     same_model = EXECUTION_SETTINGS if dropout_probability(policy.path) == 0 else EXECUTION_SETTINGS - {"num_processes"}
     return run_stage(ctx, stage="reward", version=VERSION, kind="reward_model",
                      config={"reward": cfg.model_dump(exclude=same_model), "seed": seed, "simulated": simulated,
-                             "world": {"max_operand": max_operand, "operations": list(operations)}},
+                             "world": {"max_operand": max_operand, "operations": list(operations)}}
+                     | ({"meta_policy_generators": sorted(policy_generators)} if cfg.train.meta.enabled else {}),
                      inputs={"denoised": denoised, "comparisons": comparisons, "policy": policy, "world": world}
                      | ({"responses": responses} if cfg.train.meta.enabled else {}),
                      produce=produce, register_as="rlhf-reward-model",
                      execution={"num_processes": cfg.num_processes, "deepspeed": cfg.deepspeed})  # same model
+
+
+def policy_samples(responses: pd.DataFrame, policy_generators: tuple[str, ...]) -> pd.DataFrame:
+    """The rows written by the named generators (a row's generator is "{name}:{digest}")."""
+    return responses[responses["generator"].str.partition(":")[0].isin(policy_generators)]
 
 
 def train_on_ranks(cfg: RewardConfig, policy_dir: Path, pairs: pd.DataFrame, seed: int,

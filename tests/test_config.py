@@ -268,6 +268,11 @@ def test_judged_prompts_are_bounded_by_the_worlds_held_out_prompts_only_when_the
      "the plan gives at most 1 distinct response per prompt"),
     (["reward.train.meta.enabled=true", "reward.train.meta.samples_per_prompt=6"],
      "reward.train.meta.samples_per_prompt (6) exceeds the 4 distinct responses per prompt"),
+    # ... MetaRM's samples are the policy's own: another model's responses do not count
+    (["reward.train.meta.enabled=true", "reward.train.meta.samples_per_prompt=3",
+      "generation.generators=[{name: policy, strategies: [{name: t1, n: 2}]}, "
+      "{name: big, model: other-model, strategies: [{name: t1, n: 2}]}]"],
+     "(3) exceeds the 2 distinct responses per prompt the generation plan gives the policy"),
     (["generation.backend=vllm", "generation.num_processes=2"], "generation.backend 'vllm' runs in one process"),
     (["evaluation.cache_file=/tmp/j.sqlite"], "must be a path relative to the workdir"),  # written outside the roots
     (["sampling.tagger.cache_file=../tags.jsonl"], "must be a path relative to the workdir"),
@@ -280,7 +285,9 @@ def test_settings_that_failed_only_stages_later_are_refused_when_the_config_is_r
 
 def test_a_key_pasted_into_any_config_value_is_refused_unshown():
     """Only api_key_env and secret_block were checked: a key in the model name or a path was logged as a param."""
-    for item in ("evaluation.http.model=sk-proj-Pasted0A1B2C3D4E5F6G", "sampling.tagger.cache_file=hf_Pasted0A1B2C3D4E5F6"):
+    for item in ("evaluation.http.model=sk-proj-Pasted0A1B2C3D4E5F6G", "sampling.tagger.cache_file=hf_Pasted0A1B2C3D4E5F6",
+                 "sampling.tagger.vocabulary=[math, sk-proj-Pasted0A1B2C3D4E5F6G]",  # a list's items too
+                 "annotation.exports=[sk-proj-Pasted0A1B2C3D4E5F6G]"):
         with pytest.raises(ConfigError, match="looks like an API key") as err:
             load_config(None, overrides=[item])
         assert "0A1B2C3D" not in str(err.value)

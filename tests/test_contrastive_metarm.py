@@ -117,6 +117,16 @@ def test_meta_groups_keep_prompts_with_k_distinct_samples():
         meta_groups(pd.DataFrame({"prompt": ["a"]}), 2)
 
 
+def test_metarm_samples_are_the_policys_own_responses():
+    """Another generation model's responses are no samples of the policy PPO starts from (they entered J)."""
+    from tasks.reward import policy_samples
+
+    responses = pd.DataFrame({"prompt": ["q"] * 4, "response": ["p-a", "p-b", "big-a", "policy2-a"],
+                              "generator": ["policy:0123456789ab", "policy:0123456789ab", "big:ba9876543210",
+                                            "policy2:ffffffffffff"]})
+    assert meta_groups(policy_samples(responses, ("policy",)), 2) == [("q", ["p-a", "p-b"])]
+
+
 def test_meta_ascent_moves_the_weights_by_eta_times_grad_j(init_dir):
     tok = models.build_tokenizer()
     cfg = CFG.model_copy(update={"meta": MetaRMConfig(enabled=True, inner_lr=0.01, samples_per_prompt=4,

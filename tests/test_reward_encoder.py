@@ -89,7 +89,7 @@ def test_an_encoder_without_a_pooler_is_refused(tmp_path):
 
 
 def test_encoder_refuses_the_logprob_read(encoder_dir):
-    with pytest.raises(ValueError, match="encoder: use read 'end_token'"):
+    with pytest.raises(ValueError, match=r"encoder: set the read to 'end_token' \(reward.train.read; voting.train"):
         RewardModel.from_policy(encoder_dir, read="end_token+logprob")
 
 
@@ -97,6 +97,9 @@ def test_encoder_refuses_the_lm_imitation_loss_before_training(encoder_dir):
     """The LM loss scores next tokens from the trunk's states; an encoder's state at t has seen token t + 1."""
     with pytest.raises(ValueError, match="imitation loss .*encoder: set reward.train.lm_coef 0"):
         train_reward_model(encoder_dir, _separable_pairs(4), RewardTrainConfig(read="end_token", lm_coef=0.5), seed=0)
+    with pytest.raises(ValueError, match=r"imitation loss \(voting.train.lm_coef\).*set voting.train.lm_coef 0"):
+        train_reward_model(encoder_dir, _separable_pairs(4), RewardTrainConfig(read="end_token", lm_coef=0.5), seed=0,
+                           section="voting.train")  # a voter's settings are voting.train's
 
 
 def _separable_pairs(n: int) -> pd.DataFrame:

@@ -215,6 +215,24 @@ def test_sharper_annotators_agree_more():
     assert gold_agreement(tasks, simulate_label_studio_export(tasks, sharp, seed=1)) > 0.97 > noisy
 
 
+def test_gold_agreement_skips_gold_ties_and_cancelled_labels():
+    """Hand-made export: 2 of 3 counted labels right; a gold tie and a cancelled label do not count; nothing -> NaN."""
+    right, wrong = ideal_response("Compute 4+2. Show work."), " It is 7."
+    tasks = pd.DataFrame({"task_id": ["t1", "t2"], "prompt": ["Compute 4+2. Show work."] * 2,
+                          "response_a": [right, right], "response_b": [wrong, right]})  # t2: a gold tie
+
+    def label(selected, cancelled=False):
+        return {"was_cancelled": cancelled, "result": [{"value": {"selected": selected}}]}
+
+    export = [{"data": {"task_id": "t1"}, "annotations": [label("left"), label("left"), label("right"),
+                                                          label("right", cancelled=True)]},
+              {"data": {"task_id": "t2"}, "annotations": [label("right"), label("right")]}]
+    assert gold_agreement(tasks, export) == pytest.approx(2 / 3)
+    tie_only = [export[1]]
+    cancelled_only = [{"data": {"task_id": "t1"}, "annotations": [label("left", cancelled=True)]}]
+    assert np.isnan(gold_agreement(tasks, tie_only)) and np.isnan(gold_agreement(tasks, cancelled_only))
+
+
 def test_one_label_flips_with_the_annotators_error_rate_and_every_annotator_is_drawn():
     """A pair gold calls certain is labelled "left" with probability 1 - e; the crowd is all n_annotators ids."""
     from rlhf_core.sim.annotators import label_pair

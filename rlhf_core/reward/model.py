@@ -157,7 +157,8 @@ class RewardModel(nn.Module):
             raise ValueError(f"{type(classifier).__name__} has a `classifier` head but no pooler over [CLS]: a reward "
                              "backbone must be a decoder (Qwen2, Llama, ...) or a BERT-family encoder with a pooler")
         if read != "end_token":
-            self.require_tied_lm_head(f"reward read {read!r}", "use read 'end_token'")
+            self.require_tied_lm_head(f"reward read {read!r}", "set the read to 'end_token' (reward.train.read; "
+                                      "voting.train.read for the voters)")
         self.read = read
         self.logprob_weight = nn.Parameter(torch.tensor(float(logprob_weight)), requires_grad=read != "end_token")
         self.token_weight = None  # the weighted read's u . h + b; zero at the start = the plain read
@@ -274,8 +275,9 @@ class RewardModel(nn.Module):
         shared-trunk mode: (2B, M), one column per head).
         """
         if self.is_encoder():
-            raise ValueError("reward.train.share_prompt needs a decoder (a causal trunk with a key-value cache); "
-                             f"{type(self.classifier).__name__} is an encoder: set it false")
+            raise ValueError("share_prompt needs a decoder (a causal trunk with a key-value cache); "
+                             f"{type(self.classifier).__name__} is an encoder: set reward.train.share_prompt (or "
+                             "voting.train.share_prompt for the voters) false")
         trunk = self.trunk()
         prompt_length = prompt_mask.sum(dim=1)  # (B,)
         B, P = prompt_ids.shape

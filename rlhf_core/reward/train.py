@@ -377,8 +377,10 @@ def train_reward_model(
     world_size: int = 1,
     deepspeed=None,
     device: torch.device | None = None,
+    section: str = "reward.train",
 ) -> tuple[RewardModel, PreTrainedTokenizerBase, dict[str, float]]:
-    """Train a reward model initialised from the policy in `init_dir` on `pairs`.
+    """Train a reward model initialised from the policy in `init_dir` on `pairs`. `section`: where `cfg` is in the
+    round's config (voting's voters: voting.train), named by the errors.
 
     pairs: columns prompt, chosen, rejected; optional soft_label (target P(chosen > rejected))
     and margin, passed to `preference_loss`. The seed sets the head init and the data order of
@@ -422,20 +424,20 @@ def train_reward_model(
     model = RewardModel.from_policy(init_dir, seed, cfg.read).to(device)  # seeds torch, then draws the head
     tokenizer = models.load_tokenizer(init_dir)
     if cfg.lm_coef:
-        model.require_tied_lm_head("the LM imitation loss (reward.train.lm_coef)", "set reward.train.lm_coef 0")
+        model.require_tied_lm_head(f"the LM imitation loss ({section}.lm_coef)", f"set {section}.lm_coef 0")
     if cfg.contrastive.coef:
         dropout_modules = [m for m in model.modules() if isinstance(m, torch.nn.Dropout) and m.p > 0]
         attention_layers = model.set_attention_dropout(cfg.contrastive.dropout)
         if not dropout_modules and not attention_layers:
             raise ValueError("the contrastive loss needs dropout to make two views, and this backbone has no "
-                             "attention dropout to set nor dropout layers: set reward.train.contrastive.coef 0")
+                             f"attention dropout to set nor dropout layers: set {section}.contrastive.coef 0")
         if not dropout_modules and cfg.contrastive.dropout == 0:  # two identical views: nothing to align
             raise ValueError("the contrastive loss needs dropout to make two views, and this backbone's only dropout "
-                             "is attention dropout: set reward.train.contrastive.dropout above 0 (SimCSE: 0.1)")
+                             f"is attention dropout: set {section}.contrastive.dropout above 0 (SimCSE: 0.1)")
     groups = None
     if cfg.meta.enabled:
         if meta_samples is None:
-            raise ValueError("reward.train.meta.enabled needs policy samples (prompt, response) to train with")
+            raise ValueError(f"{section}.meta.enabled needs policy samples (prompt, response) to train with")
         groups = meta_groups(meta_samples, cfg.meta.samples_per_prompt)
     encoded = encode_pairs(tokenizer, pairs, cfg.max_length)  # once: every epoch's batches are padded from it
     torch.manual_seed(seed)

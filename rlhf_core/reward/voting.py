@@ -143,7 +143,7 @@ def run_voters(init_dir: str | Path, pairs: pd.DataFrame, cfg: VotingConfig, see
         held_out = fold == (k % cfg.folds) if out_of_fold else np.ones(len(pairs), dtype=bool)  # (N,) scored by k
         train_pairs = pairs[~held_out] if out_of_fold else pairs
         model, tokenizer, metrics = train_reward_model(init_dir, train_pairs, cfg.train, model_seed(seed, k),
-                                                       device=device)
+                                                       device=device, section="voting.train")
         column = np.full(len(pairs), np.nan)  # (N,)
         column[held_out] = pair_reward_diffs(model, tokenizer, pairs[held_out], cfg.train.max_length)
         # NaN stands for "did not vote": a diverged voter's must not pass for it (nor be kept for a resume)

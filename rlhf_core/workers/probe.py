@@ -32,6 +32,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--plain-wait", action="store_true",
                    help="--join-ranks: end with the process group's own barrier instead of finish_ranks")
     args = p.parse_args(argv)
+    if args.join_ranks and args.fail_rank is not None:  # a check expecting a failing rank would see success
+        p.error("--fail-rank does not combine with --join-ranks (its ranks never fail)")
     die_with_parent()  # as every rank does (rlhf_core.workers.ranks.start_ranks)
     if args.ignore_sigterm:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
