@@ -27,8 +27,9 @@ from tasks.common import RunContext, StageRun, in_prefect_run, run_stage
 COLLECT_VERSION = "2"
 # 4: a Label Studio task without data.task_id named by what it shows; pairs by their two responses;
 # 5: one pair across pairwise labels and scores, one vote per annotator and pair, HH replies with a later Human
-# turn quarantined
-IMPORT_VERSION = "5"
+# turn quarantined; 6: a ranking's pairs from its own order (two rankings of other items were averaged), a reused
+# task id named
+IMPORT_VERSION = "6"
 SIMULATED_EXPORT = "00-simulated-label-studio.json"
 
 
