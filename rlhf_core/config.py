@@ -92,8 +92,9 @@ UrlWithoutCredentials = Annotated[str | None, AfterValidator(no_credentials_in_u
 
 
 # The shapes of common API keys (OpenAI sk-/sk-proj-, Anthropic sk-ant-, Groq gsk_, Hugging Face hf_, xAI xai-): no
-# config value is one, and every value goes to MLflow params, manifests and Prefect's run parameters
-KEY_SHAPE = re.compile(r"(?<![A-Za-z0-9])(?:sk|gsk|hf|xai)[-_][A-Za-z0-9_-]{16,}")
+# config value is one, and every value goes to MLflow params, manifests and Prefect's run parameters. A file or
+# directory name is not one (followed by "." or "/": hf_ultrafeedback_binarized.jsonl, models/hf_smollm2_135m/...)
+KEY_SHAPE = re.compile(r"(?<![A-Za-z0-9])(?:sk|gsk|hf|xai)[-_][A-Za-z0-9_-]{16,}(?![A-Za-z0-9_./-])")
 
 
 def holds_key(value: Any) -> bool:

@@ -74,7 +74,10 @@ def train_reward(ctx: RunContext, cfg: RewardConfig, denoised: ArtifactRef, comp
 
 
 def policy_samples(responses: pd.DataFrame, policy_generators: tuple[str, ...]) -> pd.DataFrame:
-    """The rows written by the named generators (a row's generator is "{name}:{digest}")."""
+    """The rows written by the named generators (a row's generator is "{name}:{digest}"). A text another generator
+    also wrote for the prompt is one row, the smallest response_id's (generation deduplicates), so it may count as
+    the other's: a prompt can have fewer policy samples than the plan gives, and meta_groups leaves out those with
+    fewer than reward.train.meta.samples_per_prompt."""
     return responses[responses["generator"].str.partition(":")[0].isin(policy_generators)]
 
 

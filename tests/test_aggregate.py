@@ -108,6 +108,26 @@ def test_two_rankings_of_other_items_are_two_scales_not_one():
         pairs_from_annotator_scores(table, responses, aggregate="mean")
 
 
+def test_rank_rows_are_their_annotators_ranking_of_the_prompt():
+    """A score table's rank rows (one row per response): u ranks r1 > r2 > r3, v ranks r3 > r2 alone, w scores r1
+    and ranks r2 first. Ranks are one scale per annotator and prompt, another than scores: the mean of positions of
+    lists of other lengths is refused as a Ranker's is; majority pairs each annotator's ranks among themselves."""
+    rows = [("u", "r1", 1), ("u", "r2", 2), ("u", "r3", 3), ("v", "r3", 1), ("v", "r2", 2)]
+    table = pd.DataFrame([{"score_id": f"rank:{rid}:{who}:{rid}", "annotation_id": f"rank:{rid}:{who}",
+                           "prompt_id": "p1", "response_id": rid, "score": -float(rank), "annotator": who, "raw": "{}"}
+                          for who, rid, rank in rows])
+    with pytest.raises(ValueError, match="rank different sets of responses"):
+        pairs_from_annotator_scores(table, RESPONSES, aggregate="mean")
+    pairs, _ = pairs_from_annotator_scores(table, RESPONSES, aggregate="majority", ties="keep")
+    # r2-r3: u +1, v -1: a tie; r1 > r2 and r1 > r3 by u alone
+    assert summary(pairs) == [("r1", "r2", 1, 1.0, 1.0, False), ("r1", "r3", 1, 1.0, 2.0, False),
+                              ("r2", "r3", 2, 0.0, 0.0, True)]
+    # w's score 4 of r1 and rank 1 of r2 are two scales: no pair between them (4 > -1 said r1 > r2)
+    mixed = pd.concat([scores_table([("w", "r1", 4)]), table.iloc[[1]].assign(
+        annotator="w", annotation_id="rank:r2:w", score_id="rank:r2:w:r2", score=-1.0)], ignore_index=True)
+    assert pairs_from_annotator_scores(mixed, RESPONSES, aggregate="majority")[0].empty
+
+
 def test_mean_of_positions_where_they_are_one_scale_and_a_clear_error_where_not():
     # two annotators rank the same three responses: the mean of positions (a Borda count) is one scale
     same = rankings_table([("u", "t1", ["r1", "r2", "r3"]), ("v", "t2", ["r2", "r1", "r3"])])

@@ -292,6 +292,10 @@ def test_a_key_pasted_into_any_config_value_is_refused_unshown():
             load_config(None, overrides=[item])
         assert "0A1B2C3D" not in str(err.value)
     assert load_config(None, overrides=["name=ask-for-a-sketch"]).name == "ask-for-a-sketch"  # words are no keys
+    # nor are file names: a dataset export named like a key's prefix was refused as "an API key, not shown"
+    named = load_config(None, overrides=["annotation.exports=[exports/hf_ultrafeedback_binarized.jsonl, "
+                                         "sk-learn_style_rankings_v2.csv]", "sampling.tagger.cache_file=hf_tags_cache_file.jsonl"])
+    assert named.annotation.exports == ("exports/hf_ultrafeedback_binarized.jsonl", "sk-learn_style_rankings_v2.csv")
 
 
 def test_a_malformed_override_names_its_key_never_its_value():

@@ -153,6 +153,14 @@ def test_two_projects_task_1_are_two_pairs_not_one(tmp_path):
     result = import_files([reused], RESPONSES, AnnotationConfig())
     assert _pairs(result) == {("r1", "r2"): 1, ("r4", "r5"): 1} and result.report["pairwise/task_ids_reused"] == 1
     assert result.comparisons["pair_id"].is_unique
+    # one annotator judged both t1s, each project's in its own file: named for what it is, as within one file
+    first = _write(tmp_path / "D.json", [_pairwise(1, "p1", "r1", "r2", [(7, "left")], task_id="t1")])
+    second = _write(tmp_path / "E.json", [_pairwise(1, "p2", "r4", "r5", [(7, "left")], task_id="t1")])
+    result = import_files([first, second], RESPONSES, AnnotationConfig())
+    assert result.quarantine["reason"].tolist() == ["task_id_reused"]
+    assert "for a task showing other responses: give each task its own data.task_id" in result.quarantine["detail"][0]
+    again = import_files([first, first], RESPONSES, AnnotationConfig())  # the same task twice: a duplicate still
+    assert again.quarantine["reason"].tolist() == ["duplicate"]
 
 
 def test_a_pair_shown_in_both_orders_is_one_pair_with_every_vote(tmp_path):

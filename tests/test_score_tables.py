@@ -51,7 +51,7 @@ def test_jsonl_scores_ranks_and_rankings_with_every_reason(tmp_path):
     assert unnamed.startswith("file:") and len(unnamed) == 17
     assert scores[["score_id", "response_id", "score", "annotator", "source_index"]].values.tolist() == [
         ["score:r1:ann:r1", "r1", 4.5, "ann", 0],
-        ["score:r2:ann:r2", "r2", -2.0, "ann", 1],
+        ["rank:r2:ann:r2", "r2", -2.0, "ann", 1],  # a rank: another scale than ann's score of r1
         [f"score:r3:{unnamed}:r3", "r3", 1.0, unnamed, 2],
         ["ranking:p1:5:r3", "r3", -1.0, "5", 3],
         ["ranking:p1:5:r1", "r1", -2.0, "5", 3],

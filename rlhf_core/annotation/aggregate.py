@@ -4,7 +4,8 @@ Scores (the scores table) become pairs by one of two aggregations. A ranking (a 
 scores several responses: a Label Studio Ranker task, a score table's ranking row) scores its items by position,
 which orders its own items only: two rankings of other items are not one scale (r4 last of four and
 first of two is not -2.5). So an annotator's scores fall into scales: each of their rankings is one,
-and all their single scores (ratings, scores, ranks) are one. In a scale, an annotator who scored
+their rank rows of a prompt (score tables: one row per response with its rank) are one, and all their
+other single scores (ratings, scores) are one. In a scale, an annotator who scored
 one response more than once is given the mean of those scores (counted n_repeated_scores).
 
 - aggregate="mean": the mean score of each response over its annotators, then
@@ -47,6 +48,7 @@ import numpy as np
 import pandas as pd
 
 from rlhf_core.annotation.pairs import comparison_pair_id
+from rlhf_core.annotation.score_tables import RANK_ROW
 from rlhf_core.annotation.scores import MODES, OUTPUT_COLUMNS, TIES, pairs_from_scores
 from rlhf_core.schemas import validate_table
 
@@ -55,13 +57,17 @@ AGGREGATES = ("mean", "majority")
 
 def _per_annotator(scores: pd.DataFrame, responses: pd.DataFrame) -> tuple[pd.DataFrame, int]:
     """One score per (annotator, scale, response): the mean of repeats; with the prompt and response texts. The
-    column `scale` is the ranking's annotation_id, or "" for the annotator's single scores (the module docstring)."""
+    column `scale` is the ranking's annotation_id, rank:{annotator}:{prompt_id} for rank rows, or "" for the
+    annotator's other single scores (the module docstring)."""
     missing = sorted(set(scores["response_id"]) - set(responses["response_id"]))
     if missing:
         raise ValueError(f"{len(missing)} scored response(s) are not in the responses table, e.g. {missing[:3]}; "
                          "import scores against the same responses table")
     responses_per_judgement = scores.groupby("annotation_id")["response_id"].transform("nunique")
-    scores = scores.assign(scale=scores["annotation_id"].where(responses_per_judgement > 1, ""))
+    scale = scores["annotation_id"].where(responses_per_judgement > 1, "")
+    rank_rows = scores["annotation_id"].str.startswith(RANK_ROW)
+    scale = scale.mask(rank_rows, RANK_ROW + scores["annotator"].astype(str) + ":" + scores["prompt_id"])
+    scores = scores.assign(scale=scale)
     grouped = scores.groupby(["annotator", "scale", "prompt_id", "response_id"], as_index=False, sort=True)["score"]
     n_repeated = int((grouped.size()["size"] > 1).sum())
     texts = responses[["response_id", "prompt", "response"]].drop_duplicates("response_id")

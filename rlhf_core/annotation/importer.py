@@ -134,25 +134,30 @@ def _with_source(quarantine: pd.DataFrame, source_file: str) -> pd.DataFrame:
 
 
 def _merge(kept: pd.DataFrame, new: pd.DataFrame, key: str, values: list[str],
-           source_file: str) -> tuple[pd.DataFrame, pd.DataFrame]:
+           source_file: str, shown: list[str] | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Add `new` judgements to `kept`. A judgement is the rows sharing `key` (one row for a pairwise
     label, one per ranked response for a ranking); one whose key was kept from an earlier file goes
-    to quarantine as one row: `duplicate` if its `values` rows are the same, else `contradictory`."""
+    to quarantine as one row: `duplicate` if its `values` rows are the same, `task_id_reused` if its `shown`
+    columns differ (another task under a reused data.task_id, e.g. another project's), else `contradictory`."""
     if kept.empty or new.empty:
         return (new if kept.empty else kept), pd.DataFrame(columns=QUARANTINE_OUT)
 
-    def judgement(rows: pd.DataFrame) -> list:
-        return sorted(rows[values].astype(str).itertuples(index=False, name=None))
+    def judgement(rows: pd.DataFrame, columns: list[str]) -> list:
+        return sorted(rows[columns].astype(str).itertuples(index=False, name=None))
 
-    earlier = {k: judgement(g) for k, g in kept[kept[key].isin(set(new[key]))].groupby(key)}
+    earlier_rows = dict(list(kept[kept[key].isin(set(new[key]))].groupby(key)))
     rows = []
-    for k, group in new[new[key].isin(earlier.keys())].groupby(key, sort=True):
-        same = judgement(group) == earlier[k]
-        detail = f"{key} {k} already imported from an earlier file" + ("" if same else " with another judgement")
+    for k, group in new[new[key].isin(earlier_rows.keys())].groupby(key, sort=True):
+        same = judgement(group, values) == judgement(earlier_rows[k], values)
+        if shown and judgement(group, shown) != judgement(earlier_rows[k], shown):
+            reason, detail = "task_id_reused", (f"{key} {k} already imported from an earlier file for a task showing "
+                                                 "other responses: give each task its own data.task_id")
+        else:
+            reason = "duplicate" if same else "contradictory"
+            detail = f"{key} {k} already imported from an earlier file" + ("" if same else " with another judgement")
         first = group.iloc[0]
-        rows.append((source_file, int(first.get("source_index", -1)), "duplicate" if same else "contradictory",
-                     detail, str(first["raw"])))
-    fresh = new[~new[key].isin(earlier.keys())]
+        rows.append((source_file, int(first.get("source_index", -1)), reason, detail, str(first["raw"])))
+    fresh = new[~new[key].isin(earlier_rows.keys())]
     return pd.concat([kept, fresh], ignore_index=True), pd.DataFrame(rows, columns=QUARANTINE_OUT)
 
 
@@ -244,7 +249,8 @@ def import_files(paths: list[str | Path], responses: pd.DataFrame, cfg: Annotati
         report["input_rows"] += n_in
         quarantine.append(_with_source(bad, name))
         pairwise_values = ["response_a_id", "response_b_id", "label"]
-        annotations, q_ann = _merge(annotations, new_ann, "annotation_id", pairwise_values, name)
+        annotations, q_ann = _merge(annotations, new_ann, "annotation_id", pairwise_values, name,
+                                    shown=["prompt_id", "response_a_id", "response_b_id"])
         scores, q_scores = _merge(scores, new_scores, "annotation_id", ["response_id", "score"], name)
         quarantine += [q_ann, q_scores]
 

@@ -13,7 +13,9 @@ CSV row by row (the csv module, first row = header), Parquet by record batches. 
 from the file name (.jsonl / .json -> jsonl, .csv, .parquet; .gz for jsonl and csv) or fmt.
 
 Judgement ids (content-derived, so the same judgement has the same id in every file):
-    annotation_id = f"score:{response_id}:{annotator}" for a score or rank row,
+    annotation_id = f"score:{response_id}:{annotator}" for a score row,
+                    f"rank:{response_id}:{annotator}" for a rank row (RANK_ROW; an annotator's ranks of a
+                    prompt are one ranking, another scale than their scores: annotation/aggregate.py),
                     f"ranking:{prompt_id}:{annotator}" for a ranking row
     score_id      = f"{annotation_id}:{response_id}"
 
@@ -32,8 +34,9 @@ len(quarantine) = rows, always (checked). Quarantine reasons, in the order they 
     unknown_response  a response id not in the responses table
     prompt_mismatch   a response that belongs to another prompt
     duplicate         the same annotation_id as an earlier row of the file, the same judgement
-    contradictory     the same annotation_id (same annotator and response, or same annotator and
-                      prompt for rankings) with another score or ranking; the first is kept
+    contradictory     the same annotation_id (same annotator and response for scores, the same for ranks,
+                      or same annotator and prompt for rankings) with another score, rank or ranking; the
+                      first is kept
 
 Whole-file problems raise ImportFormatError: a broken gzip stream, a CSV that is not UTF-8 or has
 no header or lacks the needed columns, a file that is not Parquet, an unknown suffix.
@@ -72,6 +75,7 @@ from rlhf_core.annotation.label_studio import (
 from rlhf_core.artifacts import sha256_file
 
 FORMATS = ("jsonl", "csv", "parquet")
+RANK_ROW = "rank:"  # the annotation_id prefix of a rank row
 SUFFIXES = {".jsonl": "jsonl", ".json": "jsonl", ".ndjson": "jsonl", ".csv": "csv", ".parquet": "parquet"}
 PARQUET_BATCH_ROWS = 10_000
 
@@ -244,13 +248,13 @@ def _judgement(record: object, known: dict[str, str], unnamed: str) -> _Judgemen
         return _Judgement(f"ranking:{prompt_id}:{annotator}", prompt_id, annotator, scored)
     response_id = text_field(record, "response_id", where="row")
     if record.get("score") is not None:
-        score = _number(record, "score")
+        kind, score = "score:", _number(record, "score")
     elif record.get("rank") is not None:
-        score = -_number(record, "rank")
+        kind, score = RANK_ROW, -_number(record, "rank")
     else:
         raise Rejected("missing_field", "the row has no score, rank or ranking")
     check_response(response_id, prompt_id, known)
-    return _Judgement(f"score:{response_id}:{annotator}", prompt_id, annotator, ((response_id, score),))
+    return _Judgement(f"{kind}{response_id}:{annotator}", prompt_id, annotator, ((response_id, score),))
 
 
 def check_score_table(path: str | Path, rows: int = 100) -> None:
