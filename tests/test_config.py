@@ -285,7 +285,8 @@ def test_settings_that_failed_only_stages_later_are_refused_when_the_config_is_r
 
 def test_a_key_pasted_into_any_config_value_is_refused_unshown():
     """Only api_key_env and secret_block were checked: a key in the model name or a path was logged as a param."""
-    for item in ("evaluation.http.model=sk-proj-Pasted0A1B2C3D4E5F6G", "sampling.tagger.cache_file=hf_Pasted0A1B2C3D4E5F6",
+    for item in ("evaluation.http.model=sk-proj-Pasted0A1B2C3D4E5F6G",
+                 "sampling.tagger.cache_file=hf_Pasted0A1B2C3D4E5F6",
                  "sampling.tagger.vocabulary=[math, sk-proj-Pasted0A1B2C3D4E5F6G]",  # a list's items too
                  "annotation.exports=[sk-proj-Pasted0A1B2C3D4E5F6G]"):
         with pytest.raises(ConfigError, match="looks like an API key") as err:
@@ -294,7 +295,8 @@ def test_a_key_pasted_into_any_config_value_is_refused_unshown():
     assert load_config(None, overrides=["name=ask-for-a-sketch"]).name == "ask-for-a-sketch"  # words are no keys
     # nor are file names: a dataset export named like a key's prefix was refused as "an API key, not shown"
     named = load_config(None, overrides=["annotation.exports=[exports/hf_ultrafeedback_binarized.jsonl, "
-                                         "sk-learn_style_rankings_v2.csv]", "sampling.tagger.cache_file=hf_tags_cache_file.jsonl"])
+                                         "sk-learn_style_rankings_v2.csv]",
+                                         "sampling.tagger.cache_file=hf_ultrafeedback_tag_cache.jsonl"])
     assert named.annotation.exports == ("exports/hf_ultrafeedback_binarized.jsonl", "sk-learn_style_rankings_v2.csv")
 
 

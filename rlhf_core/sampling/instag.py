@@ -114,10 +114,11 @@ def check_selection(budget: int, n_pool: int, mode: str, max_tag_share: float = 
 def check_tag_cap(budget: int, mode: str, max_tag_share: float) -> None:
     """A balanced cap of 0 prompts per tag selects nothing (every tagged prompt is over it): a ValueError."""
     if mode == "balanced" and tag_cap(budget, max_tag_share) < 1:
+        least_share, least_budget = math.ceil(1e4 / budget) / 1e4, math.ceil(1 / max_tag_share - 1e-9)
         raise ValueError(f"balanced sampling's tag cap int(max_tag_share x n_samples) = int({max_tag_share} x "
                          f"{budget}) is 0 prompts per tag, so no tagged prompt can be selected; raise "
-                         f"sampling.max_tag_share to at least {math.ceil(1e4 / budget) / 1e4:g} or sampling.n_samples to at least "
-                         f"{math.ceil(1 / max_tag_share - 1e-9)}")
+                         f"sampling.max_tag_share to at least {least_share:g} or sampling.n_samples to at least "
+                         f"{least_budget}")
 
 
 def select_prompts(
