@@ -320,7 +320,8 @@ def test_rlhf_rounds_run_again_after_a_failure_starts_and_decides_round_1_as_it_
     assert r1["artifacts"]["ppo"]["digest"] == champion.tags["rlhf.digest"]  # the same round 1, from the cache
     assert _inputs(store, r1, "generate")["policy"] == r1["artifacts"]["sft"]["digest"]  # started from SFT again
     assert "evaluate_vs_champion" not in r1["artifacts"]
-    assert r1["promotion"]["reason"].startswith("decided when it was first judged (the champion has changed since)")
+    assert r1["promotion"]["reason"].startswith("decided when it was first judged (it is the champion since)")
+    assert r1["promotion"]["promoted"] is True  # series/promoted 1: its policy became the champion (was 0)
     assert _inputs(store, r2, "generate")["policy"] == r1["artifacts"]["ppo"]["digest"]
     assert "rlhf-rounds:mini" not in json.loads((tmp_path / STARTED_ROUNDS).read_text())  # finished: forgotten
 
