@@ -138,9 +138,20 @@ def test_mean_of_positions_where_they_are_one_scale_and_a_clear_error_where_not(
     twice = rankings_table([("u", "t1", ["r1", "r2", "r3"]), ("u", "t2", ["r2", "r1", "r3"])])
     with pytest.raises(ValueError, match="prompt p1: .*rank the same responses twice for one annotator"):
         pairs_from_annotator_scores(twice, RESPONSES, aggregate="mean")
+    # ... also when another annotator ranked once (u would count twice in the mean)
+    with pytest.raises(ValueError, match="twice for one annotator"):
+        pairs_from_annotator_scores(pd.concat([twice, rankings_table([("v", "t3", ["r3", "r2", "r1"])])]), RESPONSES,
+                                    aggregate="mean")
     rated = pd.concat([same, scores_table([("w", "r1", 4)])], ignore_index=True)
     with pytest.raises(ValueError, match="are mixed with single scores"):
         pairs_from_annotator_scores(rated, RESPONSES, aggregate="mean")
+
+
+def test_majority_score_gap_is_negative_when_the_minority_saw_the_larger_gaps():
+    """u and v prefer r1 by 1, w prefers r2 by 4: r1 wins 2:1 with score_gap mean(1, 1, -4) = -2/3, as documented."""
+    table = scores_table([("u", "r1", 2), ("u", "r2", 1), ("v", "r1", 2), ("v", "r2", 1), ("w", "r1", 1), ("w", "r2", 5)])
+    pairs, _ = pairs_from_annotator_scores(table, RESPONSES, aggregate="majority")
+    assert summary(pairs) == [("r1", "r2", 3, pytest.approx(2 / 3), pytest.approx(-2 / 3), False)]
 
 
 def test_bad_arguments_and_unknown_responses_raise():

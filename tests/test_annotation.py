@@ -81,6 +81,21 @@ def test_a_task_id_one_annotator_judged_on_two_tasks_that_show_other_responses_i
                                        "this one shows p1, r1, r3: give each task its own data.task_id")
 
 
+def test_a_pair_shown_both_ways_without_task_ids_is_two_tasks_not_a_reused_id():
+    """A plain Label Studio project (no data.task_id) shows r1 | r2 and, as a position-bias check, r2 | r1: two
+    tasks, named by what they show in its order; a blank data.task_id is none (not one id for every task)."""
+    def task(a, b, selected, **data):
+        return {"id": 1, "data": {"prompt_id": "p1", "answer1_id": a, "answer2_id": b, **data},
+                "annotations": [_ann(1, 7, selected)]}
+
+    annotations, quarantine = import_label_studio([task("r1", "r2", "left"), task("r2", "r1", "right")], RESPONSES)
+    assert len(annotations) == 2 and quarantine.empty
+    assert annotations["task_id"].str.startswith("ls-").all() and annotations["task_id"].nunique() == 2
+    annotations, quarantine = import_label_studio([task("r1", "r2", "left", task_id=""),
+                                                   task("r1", "r3", "left", task_id="")], RESPONSES)
+    assert len(annotations) == 2 and quarantine.empty and annotations["task_id"].str.startswith("ls-").all()
+
+
 def test_majority_gives_each_annotator_one_vote_per_pair_in_either_order():
     """Annotator 7 saw r1 vs r2 twice (as r1|r2 and as r2|r1) and preferred r1 both times; annotator 8 preferred
     r2: one vote each, a tie, no comparison. Annotator 9 splits their own two labels: no vote."""

@@ -112,6 +112,12 @@ def test_detect_file_format(tmp_path):
     (tmp_path / "bad-first.jsonl").write_text('{"response_id": "r1", "score": 4}\n'
                                               '{"prompt_id": "p1", "response_id": "r2", "score": 2}\n')
     assert detect_file_format(tmp_path / "bad-first.jsonl") == "score_table"
+    # a text pair with a score or rank of its own is still a text pair (a score row names its prompt_id)
+    (tmp_path / "trl-scored.jsonl").write_text('{"prompt": "a", "chosen": "b", "rejected": "c", "score": 0.9}\n')
+    (tmp_path / "hh-ranked.jsonl").write_text('{"chosen": "\\n\\nHuman: a\\n\\nAssistant: b", "rejected": "x", '
+                                              '"rank": 1}\n')
+    assert detect_file_format(tmp_path / "trl-scored.jsonl") == "trl"
+    assert detect_file_format(tmp_path / "hh-ranked.jsonl") == "hh"
     (tmp_path / "neither.jsonl").write_text('{"question": "q", "answer": "a"}\n')
     with pytest.raises(ValueError, match=r"pass annotation.format \(score_table, hh, trl or trl_messages\)"):
         detect_file_format(tmp_path / "neither.jsonl")

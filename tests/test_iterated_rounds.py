@@ -222,6 +222,8 @@ def test_a_continued_series_refuses_what_it_cannot_continue(tmp_path):
                                              "mlflow_run_id": "r1"}}))
     legacy = last_finished_round(tmp_path, "weekly")
     assert legacy.exports == {_sha(b"[1]"): "00-week1.json"}
+    # ... nor a base: continued with one (as every round passes its series_base), it is trusted, not a TypeError
+    assert last_finished_round(tmp_path, "weekly", series_base(weekly)).round_no == 1
     with pytest.raises(ConfigError, match=r"already learned from: 01-old.json \(as 00-week1.json\)"):
         check_new_import(legacy, store, week2)
     # a record edited by hand: one line naming the file and the entry, not a KeyError mid-round
@@ -286,6 +288,11 @@ def test_a_series_round_run_again_starts_where_it_first_started(tmp_path):
     assert series_start(tmp_path, "rlhf-rounds:x", 1, resolve(own), seed0) == (champion, "champion")
     assert series_start(tmp_path, "rlhf-rounds:x", 1, resolve(own), seed1) == (own, "champion")
     assert series_start(tmp_path, "rlhf-rounds:x", 1, resolve(champion), seed1) == (own, "champion")
+    # a pinned policy whose directory is gone (removed by hand, a registry download deleted) is resolved again
+    import shutil
+
+    shutil.rmtree(own.path)
+    assert series_start(tmp_path, "rlhf-rounds:x", 1, resolve(champion), seed1) == (champion, "champion")
 
 
 def test_rlhf_rounds_run_again_after_a_failure_starts_and_decides_round_1_as_it_first_did(prefect_api, tmp_path,

@@ -431,6 +431,15 @@ def test_train_ppo_raises_the_score(tiny_policy_dir):
     assert isinstance(policy, torch.nn.Module) and tokenizer.eos_token_id == 1
 
 
+def test_prompt_batches_shuffle_the_pool_afresh_each_pass():
+    from rlhf_core.ppo.trainer import prompt_batches
+
+    batches = prompt_batches(list("abcd"), 4, np.random.default_rng(0))
+    passes = [tuple(next(batches)) for _ in range(4)]
+    assert all(sorted(p) == list("abcd") for p in passes)  # each pass is the whole pool once
+    assert len(set(passes)) > 1  # in a new order (a cycled first shuffle gave PPO one order every pass)
+
+
 def test_the_kl_penalty_is_to_the_reference_given_not_to_the_start_policy(tiny_policy_dir, tmp_path):
     """A later round starts from the round before's policy and is anchored to SFT (`reference_dir`): its first
     rollout, sampled from the start policy, is far from the reference; without one it is the start policy (KL 0)."""
