@@ -223,6 +223,22 @@ def test_agreement_of_label_and_score_tables():
     assert math.isnan(empty["labels/alpha_nominal"]) and empty["scores/n_items_overlapping"] == 0
 
 
+def test_score_agreement_compares_rank_positions_within_rankings_of_the_same_responses():
+    """u and v rank r1 > r2 > r3 alike; w ranks r3 > r2 alone, x rates r3 and y rates it too. w's positions (-1, -2)
+    are of another list: pooled with u's and v's (-3, -2) they made r3's unit (-3, -3, -1) disagree. Units: r1, r2,
+    r3 in {r1 r2 r3} (u, v), r2 and r3 in {r2 r3} (w alone) and the ratings' r3 (x, y)."""
+    table = rankings_table([("u", "t1", ["r1", "r2", "r3"]), ("v", "t2", ["r1", "r2", "r3"]),
+                            ("w", "t3", ["r3", "r2"])])
+    ratings = scores_table([("x", "r3", 4), ("y", "r3", 4)])
+    report = inter_annotator_agreement(scores=pd.concat([table, ratings], ignore_index=True))
+    assert report["scores/alpha_interval"] == 1.0
+    assert report["scores/n_items_overlapping"] == 4 and report["scores/n_annotators"] == 5
+    # a disagreement inside the shared list is still seen: v swaps r2 and r3; units (-1, -1), (-2, -3), (-3, -2):
+    # o_-2-3 = o_-3-2 = 2, n_c = 2 each, n = 6; D_o 4, sum n_c n_k d2 = 4 * 2 * (1 + 4 + 1) = 48 -> 1 - 5 * 4 / 48
+    table = rankings_table([("u", "t1", ["r1", "r2", "r3"]), ("v", "t2", ["r1", "r3", "r2"])])
+    assert inter_annotator_agreement(scores=table)["scores/alpha_interval"] == pytest.approx(1 - 20 / 48)
+
+
 def test_an_annotator_who_labelled_a_task_twice_counts_with_the_first_label():
     labels = pd.DataFrame({"task_id": ["t1", "t1", "t1", "t2", "t2"], "annotator": ["a", "a", "b", "a", "b"],
                            "label": ["A", "B", "A", "B", "B"]})  # a: "A" then "B" on t1; b agrees with a's first

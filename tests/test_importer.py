@@ -169,6 +169,25 @@ def test_two_projects_task_1_are_two_pairs_not_one(tmp_path):
     assert again.quarantine["reason"].tolist() == ["duplicate"]
 
 
+def test_a_rating_or_ranking_task_id_reused_across_files_is_named_so(tmp_path):
+    """One annotator's data.task_id t1 rates r1 in one file and r4 in another (t2: ranks r1, r2 then r4, r5): it
+    was "contradictory", as if the annotator had changed their mind about one task."""
+    def with_task_id(task, tid):
+        task["data"]["task_id"] = tid
+        return task
+
+    first = _write(tmp_path / "a.json", [with_task_id(_rating(1, "p1", "r1", [(7, 4)]), "t1"),
+                                         with_task_id(_ranking(2, "p1", ["r1", "r2"], ["r2", "r1"], who=7), "t2")])
+    second = _write(tmp_path / "b.json", [with_task_id(_rating(1, "p2", "r4", [(7, 2)]), "t1"),
+                                          with_task_id(_ranking(2, "p2", ["r4", "r5"], ["r4", "r5"], who=7), "t2")])
+    result = import_files([first, second], RESPONSES, AnnotationConfig(aggregate="majority"))
+    assert result.quarantine["reason"].tolist() == ["task_id_reused", "task_id_reused"]
+    assert result.quarantine["detail"].str.contains("give each task its own data.task_id").all()
+    changed = _write(tmp_path / "c.json", [with_task_id(_rating(1, "p1", "r1", [(7, 2)]), "t1")])
+    again = import_files([first, changed, first], RESPONSES, AnnotationConfig(aggregate="majority"))
+    assert again.quarantine["reason"].tolist() == ["contradictory", "duplicate", "duplicate"]
+
+
 def test_a_pair_shown_in_both_orders_is_one_pair_with_every_vote(tmp_path):
     """r1 | r2 (1 left, 2 right) and r2 | r1 (2 right): r1 wins 3 to 2, not two pairs that contradict each other."""
     export = _write(tmp_path / "both.json", [

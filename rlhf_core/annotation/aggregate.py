@@ -63,15 +63,20 @@ def _per_annotator(scores: pd.DataFrame, responses: pd.DataFrame) -> tuple[pd.Da
     if missing:
         raise ValueError(f"{len(missing)} scored response(s) are not in the responses table, e.g. {missing[:3]}; "
                          "import scores against the same responses table")
-    responses_per_judgement = scores.groupby("annotation_id")["response_id"].transform("nunique")
-    scale = scores["annotation_id"].where(responses_per_judgement > 1, "")
-    rank_rows = scores["annotation_id"].str.startswith(RANK_ROW)
-    scale = scale.mask(rank_rows, RANK_ROW + scores["annotator"].astype(str) + ":" + scores["prompt_id"])
-    scores = scores.assign(scale=scale)
+    scores = scores.assign(scale=_scales(scores))
     grouped = scores.groupby(["annotator", "scale", "prompt_id", "response_id"], as_index=False, sort=True)["score"]
     n_repeated = int((grouped.size()["size"] > 1).sum())
     texts = responses[["response_id", "prompt", "response"]].drop_duplicates("response_id")
     return grouped.mean().merge(texts, on="response_id", how="left"), n_repeated
+
+
+def _scales(scores: pd.DataFrame) -> pd.Series:
+    """Each score's scale (the module docstring): the ranking's annotation_id, rank:{annotator}:{prompt_id} for
+    rank rows, "" for single scores."""
+    responses_per_judgement = scores.groupby("annotation_id")["response_id"].transform("nunique")
+    scale = scores["annotation_id"].where(responses_per_judgement > 1, "")
+    rank_rows = scores["annotation_id"].str.startswith(RANK_ROW)
+    return scale.mask(rank_rows, RANK_ROW + scores["annotator"].astype(str) + ":" + scores["prompt_id"])
 
 
 def _check_one_scale_per_prompt(own: pd.DataFrame) -> None:
@@ -206,6 +211,19 @@ def _units(table: pd.DataFrame, unit: str, value: str) -> list[list]:
     return [group[value].tolist() for _, group in first.groupby(unit, sort=True)]
 
 
+def _score_units(scores: pd.DataFrame) -> pd.Series:
+    """Each score's agreement unit: its response among the items of its scale. Single scores (ratings) of a
+    response are one unit over annotators; a rank position is comparable only with positions in rankings of the
+    same responses (first of two is not first of four), so a ranked response's unit also names what its ranking
+    ranked."""
+    if scores.empty:
+        return pd.Series([], dtype=object, index=scores.index)
+    scale = _scales(scores)
+    ranked = (scores.assign(scale=scale).groupby(["annotator", "scale"])["response_id"]
+              .transform(lambda ids: " ".join(sorted(set(ids)))))
+    return scores["response_id"].where(scale == "", scores["response_id"] + " in " + ranked)
+
+
 def percent_agreement(units: Iterable[Sequence]) -> float:
     """Share of agreeing pairs of values over all pairs of coders on a unit, pooled over units."""
     pairs = [(x == y) for u in units for x, y in combinations(u, 2)]
@@ -215,8 +233,9 @@ def percent_agreement(units: Iterable[Sequence]) -> float:
 def inter_annotator_agreement(annotations: pd.DataFrame | None = None,
                               scores: pd.DataFrame | None = None) -> dict[str, float]:
     """Agreement between annotators on pairwise labels (unit = task_id, nominal alpha and raw percent
-    agreement) and on scores (unit = response_id, interval alpha). Only units with >= 2 annotators
-    count (n_items_overlapping); n_annotators counts every annotator of the table."""
+    agreement) and on scores (interval alpha; unit = response_id for single scores, the response among the
+    responses its ranking ranked for rank positions: `_score_units`). Only units with >= 2 annotators count
+    (n_items_overlapping); n_annotators counts every annotator of the table."""
     report: dict[str, float] = {}
     if annotations is None:
         annotations = pd.DataFrame(columns=["task_id", "annotator", "label"])
@@ -226,8 +245,8 @@ def inter_annotator_agreement(annotations: pd.DataFrame | None = None,
     report["labels/n_items_overlapping"] = sum(len(u) >= 2 for u in units)
     report["labels/n_annotators"] = int(annotations["annotator"].nunique())
     if scores is None:
-        scores = pd.DataFrame(columns=["response_id", "annotator", "score"])
-    units = _units(scores, "response_id", "score")
+        scores = pd.DataFrame(columns=["annotation_id", "prompt_id", "response_id", "annotator", "score"])
+    units = _units(scores.assign(unit=_score_units(scores)), "unit", "score")
     report["scores/alpha_interval"] = krippendorff_alpha(units, "interval")
     report["scores/n_items_overlapping"] = sum(len(u) >= 2 for u in units)
     report["scores/n_annotators"] = int(scores["annotator"].nunique())

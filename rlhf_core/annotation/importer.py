@@ -8,7 +8,8 @@ its format (told by `detect_file_format`, or given):
     hh | trl | trl_messages   text preference pairs (they carry their own texts)
 
 Files are merged in order: a judgement already imported from an earlier file is quarantined as
-`duplicate` (same judgement) or `contradictory` (same annotator and item, another judgement), so
+`duplicate` (same judgement), `contradictory` (same annotator and item, another judgement) or
+`task_id_reused` (a data.task_id of an earlier file's task that showed other responses), so
 adding a new export to the list adds only its new judgements, and importing the same file twice
 changes nothing. Every quarantine row names its `source_file`. accepted + quarantined = input
 rows holds per file and over the whole import (checked).
@@ -251,7 +252,8 @@ def import_files(paths: list[str | Path], responses: pd.DataFrame, cfg: Annotati
         pairwise_values = ["response_a_id", "response_b_id", "label"]
         annotations, q_ann = _merge(annotations, new_ann, "annotation_id", pairwise_values, name,
                                     shown=["prompt_id", "response_a_id", "response_b_id"])
-        scores, q_scores = _merge(scores, new_scores, "annotation_id", ["response_id", "score"], name)
+        scores, q_scores = _merge(scores, new_scores, "annotation_id", ["response_id", "score"], name,
+                                  shown=["prompt_id", "response_id"])  # the rated response, the ranked ones
         quarantine += [q_ann, q_scores]
 
     if len(annotations):
