@@ -59,7 +59,9 @@ def _reward(ctx: RunContext, config: RoundConfig, a: Inputs, seed: int, simulate
 
 
 def _ppo(ctx: RunContext, config: RoundConfig, a: Inputs, seed: int, simulated: bool) -> ArtifactRef:
-    return train_policy(ctx, config.ppo, a["policy"], a["reward"], a["world"], a["sft"], config.reward.train, seed)
+    reference = a["policy"] if config.iteration.kl_reference == "start_policy" else a["sft"]
+    return train_policy(ctx, config.ppo, a["policy"], a["reward"], a["world"], a["sft"], config.reward.train, seed,
+                        reference=reference)
 
 
 def _evaluate(ctx: RunContext, config: RoundConfig, a: Inputs, seed: int, simulated: bool) -> ArtifactRef:

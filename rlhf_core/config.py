@@ -943,6 +943,11 @@ class IterationConfig(StrictModel):
     pairs: Literal["accumulate", "per_round"] = Field(
         "accumulate", description="iterated rounds: accumulate = round k votes on and trains its reward model with "
         "the pairs of rounds 1..k (Llama 2, Part II's iterated rounds); per_round = the pairs of round k only")
+    kl_reference: Literal["sft", "start_policy"] = Field(
+        "sft", description="the policy PPO's KL penalty anchors to: sft = the SFT policy in every round (InstructGPT, "
+        "Qwen: the penalty bounds the drift from SFT over all rounds); start_policy = the policy the round starts "
+        "from (round k's KL is to round k - 1's policy: the anchor moves, so the drift can add up over rounds). The "
+        "same in round 1 unless it starts from the champion. docs/iterated-rounds-v4.md compares the two")
     promote_min_win_rate: float = Field(
         0.5, ge=0.0, le=1.0, description="the new policy becomes rlhf-policy@champion when its judged win rate "
         "against the champion (against SFT while there is none) is above this; a tie counts half a win (as in "

@@ -30,8 +30,11 @@ VERSION = "6"  # 6: the KL reference is the SFT policy in every round (was the r
 
 @task(name="ppo", version=VERSION, cache_policy=NO_CACHE)
 def train_policy(ctx: RunContext, cfg: PPOConfig, policy: ArtifactRef, reward_model: ArtifactRef,
-                 world: ArtifactRef, sft: ArtifactRef, reward_train: RewardTrainConfig, seed: int) -> ArtifactRef:
-    """PPO over the prompt pool; the critic starts from the reward model; curves logged per iteration."""
+                 world: ArtifactRef, sft: ArtifactRef, reward_train: RewardTrainConfig, seed: int,
+                 reference: ArtifactRef | None = None) -> ArtifactRef:
+    """PPO over the prompt pool; the critic starts from the reward model; curves logged per iteration. The KL
+    penalty is to `reference` (default: `sft`, whose demonstrations are also the ptx data)."""
+    reference = reference or sft
 
     def produce(out: Path, run: StageRun) -> dict[str, float]:
         prompts = read_table("prompts", world.file("prompts.parquet"))["prompt"].tolist()
@@ -41,7 +44,7 @@ def train_policy(ctx: RunContext, cfg: PPOConfig, policy: ArtifactRef, reward_mo
             demos = pd.read_parquet(sft.file("demonstrations.parquet"))
             ptx = list(zip(demos["prompt"], demos["response"]))
         model, tokenizer, history = train_on_ranks(cfg, policy.path, reward_model.path, reward_train.max_length,
-                                                   prompts, ptx, seed, run.scratch, on_iteration, sft.path)
+                                                   prompts, ptx, seed, run.scratch, on_iteration, reference.path)
         models.save_hf(model, tokenizer, out)
         run.log_figure(ppo_curves(history), "ppo_curves.png")
         first, last = history[0], history[-1]
@@ -51,8 +54,10 @@ def train_policy(ctx: RunContext, cfg: PPOConfig, policy: ArtifactRef, reward_mo
 
     config = {"ppo": cfg.model_dump(context=RESOLVED, exclude=EXECUTION_SETTINGS),
               "reward_max_length": reward_train.max_length, "seed": seed}
-    return run_stage(ctx, stage="ppo", version=VERSION, kind="policy", config=config,
-                     inputs={"policy": policy, "reward_model": reward_model, "world": world, "sft": sft},
+    inputs = {"policy": policy, "reward_model": reward_model, "world": world, "sft": sft}
+    if reference.digest != sft.digest:  # another KL anchor (iteration.kl_reference); the SFT one is keyed as "sft"
+        inputs["kl_reference"] = reference
+    return run_stage(ctx, stage="ppo", version=VERSION, kind="policy", config=config, inputs=inputs,
                      produce=produce, register_as="rlhf-policy",
                      execution={"num_processes": cfg.num_processes, "deepspeed": cfg.deepspeed})  # the same policy
 

@@ -79,6 +79,25 @@ def test_per_round_pairs_leave_the_earlier_rounds_out(iterated):
     assert _inputs(store, summary, "vote")["comparisons"] == r2["artifacts"]["import_annotations"]["digest"]
 
 
+def test_the_kl_anchor_is_sft_in_every_round_unless_the_start_policy_is_asked_for(iterated):
+    """iteration.kl_reference: round 2's PPO is anchored to SFT (no other reference among its inputs); with
+    start_policy to round 1's policy, another stage run; round 1 starts from SFT, so there it is the same run."""
+    from flows.round import rlhf_round
+
+    workdir, (r1, r2) = iterated
+    store = ArtifactStore(Path(workdir) / "artifacts")
+    assert "kl_reference" not in _inputs(store, r2, "ppo") and _inputs(store, r2, "ppo")["sft"] == r1["artifacts"][
+        "sft"]["digest"]
+    moving = _config(workdir, "iteration.pairs=accumulate", "iteration.kl_reference=start_policy")
+    again = rlhf_round(config=moving, round_no=1, stop_after="ppo")
+    assert again["artifacts"]["ppo"] == r1["artifacts"]["ppo"]  # from the cache: the same anchor, SFT
+    summary = rlhf_round(config=moving, round_no=2, stop_after="ppo", start_policy=_ref(r1, "ppo"),
+                         earlier_pairs=_ref(r1, "import_annotations"))
+    assert summary["artifacts"]["reward"] == r2["artifacts"]["reward"]  # everything before PPO from the cache
+    assert summary["artifacts"]["ppo"]["digest"] != r2["artifacts"]["ppo"]["digest"]
+    assert _inputs(store, summary, "ppo")["kl_reference"] == r1["artifacts"]["ppo"]["digest"]
+
+
 def test_a_stop_threshold_above_1_ends_the_rounds_after_round_2(iterated):
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
