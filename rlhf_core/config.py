@@ -437,6 +437,11 @@ class AnnotationConfig(StrictModel):
     max_rating: int | None = Field(
         None, ge=1, description="Label Studio rating template: its maxRating; a rating outside 1..max_rating is "
         "quarantined (bad_rating). None: any finite rating")
+    match_texts: bool = Field(
+        True, description="Label Studio: a judgement whose task shows a response text (data.answer1 / answer2, "
+        "data.response, an item's text or body) other than the responses artifact holds for its id is quarantined "
+        "(text_mismatch): the responses were generated again under the same ids after the tasks were made. false "
+        "when the tasks show the texts rendered (HTML, markdown)")
 
 
 class ContrastiveConfig(StrictModel):

@@ -25,8 +25,13 @@ RESPONSES = pd.DataFrame({
 })
 
 
+TEXTS = dict(zip(RESPONSES["response_id"], RESPONSES["response"]))
+
+
 def _task(tid, a, b, pid, annotations):
-    return {"id": tid, "data": {"prompt": "q", "answer1": "x", "answer2": "y", "task_id": f"t{tid}",
+    """A pairwise task as the pipeline makes it, showing the responses' texts."""
+    return {"id": tid, "data": {"prompt": "q", "answer1": TEXTS.get(a, "x"), "answer2": TEXTS.get(b, "y"),
+                                "task_id": f"t{tid}",
                                 "prompt_id": pid, "answer1_id": a, "answer2_id": b},
             "annotations": annotations}
 
@@ -157,7 +162,7 @@ def _rating(aid, who, rating):
 
 def _ranker_task(tid, pid, item_ids, annotations):
     return {"id": tid, "data": {"prompt": "q", "prompt_id": pid,
-                                "items": [{"id": i, "title": i, "body": "text"} for i in item_ids]},
+                                "items": [{"id": i, "title": i, "body": TEXTS.get(i, "text")} for i in item_ids]},
             "annotations": annotations}
 
 
@@ -171,6 +176,28 @@ def _shown(*ids: str) -> str:
     """The task id of a task without data.task_id: made from the ids it shows (Label Studio's own task["id"] is
     per project: two projects' "task 1" were one task)."""
     return "ls-" + hashlib.sha256("\0".join(ids).encode()).hexdigest()[:16]
+
+
+def test_a_task_showing_other_texts_than_the_responses_under_its_ids_is_quarantined():
+    """Responses generated again under the same ids (a strategy's temperature changed, its name not): the export's
+    labels were matched by id to texts the annotators never saw. Texts are compared after NFC and trimming."""
+    regenerated = RESPONSES.assign(response=RESPONSES["response"].replace({"two": "deux"}))
+    decomposed = RESPONSES.assign(response=RESPONSES["response"].replace({"one": "one\u0301"}))  # o, n, e + accent
+    export = [_task(1, "r1", "r2", "p1", [_ann(1, 7, "left")])]  # shows "one" vs "two"
+    rating = _rating_task(2, "r2", "p1", [_rating(2, 7, 4)])
+    rating["data"]["response"] = "two "
+    ranking = _ranker_task(3, "p1", ["r1", "r2"], [_ranking(3, 7, ["r2", "r1"])])
+    result = import_label_studio_export(export + [rating, ranking], regenerated)
+    assert result.quarantine["reason"].tolist() == ["text_mismatch"] * 3
+    assert "another text for r2 than the responses artifact holds ('two' vs 'deux')" in result.quarantine["detail"][0]
+    assert "annotation.match_texts false" in result.quarantine["detail"][0]
+    assert len(import_label_studio_export(export + [rating, ranking], RESPONSES).quarantine) == 0  # "two " is "two"
+    shown_composed = _task(4, "r1", "r2", "p1", [_ann(4, 7, "left")])
+    shown_composed["data"]["answer1"] = "on\u00e9"  # the composed form of "one" + combining acute accent
+    assert len(import_label_studio_export([shown_composed], decomposed).quarantine) == 0
+    unchecked = import_label_studio_export(export + [rating, ranking], regenerated, match_texts=False)
+    assert len(unchecked.quarantine) == 0 and len(unchecked.annotations) == 1
+    assert len(import_label_studio_export(export, RESPONSES.drop(columns="response")).quarantine) == 0  # no texts
 
 
 def test_mixed_export_gives_annotations_scores_and_reasons():

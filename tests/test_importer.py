@@ -281,3 +281,13 @@ def test_ratings_outside_the_templates_scale_are_quarantined_when_it_is_given(tm
     checked = import_files([export], RESPONSES, AnnotationConfig(max_rating=5))
     assert checked.quarantine["reason"].tolist() == ["bad_rating", "bad_rating"]
     assert "outside 1..5" in checked.quarantine["detail"].iloc[0]
+
+
+def test_match_texts_is_the_annotation_configs(tmp_path):
+    """annotation.match_texts reaches the Label Studio import: a task showing another text for r1 is quarantined
+    (text_mismatch), or, with false, imported (tasks that show rendered texts)."""
+    task = _pairwise(1, "p1", "r1", "r2", [(7, "left")])
+    task["data"] |= {"answer1": "<p>one</p>", "answer2": "two"}
+    path = _write(tmp_path / "rendered.json", [task])
+    assert import_files([path], RESPONSES, AnnotationConfig()).quarantine["reason"].tolist() == ["text_mismatch"]
+    assert _pairs(import_files([path], RESPONSES, AnnotationConfig(match_texts=False))) == {("r1", "r2"): 1}

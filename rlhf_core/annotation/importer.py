@@ -223,7 +223,8 @@ def import_files(paths: list[str | Path], responses: pd.DataFrame, cfg: Annotati
         fmt = detect_file_format(path) if cfg.format == "auto" else cfg.format
         report[f"files/{fmt}"] = report.get(f"files/{fmt}", 0) + 1
         if fmt == "label_studio":
-            result = import_label_studio_export(read_export(path), responses, max_rating=cfg.max_rating)
+            result = import_label_studio_export(read_export(path), responses, max_rating=cfg.max_rating,
+                                                match_texts=cfg.match_texts)
             new_ann, new_scores, bad = result.annotations, result.scores, result.quarantine
         elif fmt == "score_table":
             new_ann, (new_scores, bad) = _empty("annotations"), import_score_table(path, responses)

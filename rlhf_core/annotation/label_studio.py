@@ -47,6 +47,11 @@ reasons, in the order they are checked:
     bad_ranking           not one list (a bucketed Ranker) of >= 2 distinct ids, all among the items
     unknown_response      a response id not in the responses table
     prompt_mismatch       a response that belongs to another prompt
+    text_mismatch         the task shows a response text (pairwise data.answer1 / answer2, rating data.response,
+                          a ranker item's text or body) other than the responses table's for its id, compared
+                          after NFC and trimming: the responses were generated again under the same ids (a
+                          strategy's settings or the seed changed) since the tasks were made (match_texts=False:
+                          not checked, for tasks that show rendered texts)
     task_id_reused        the annotator already judged a task of this id that shows other ids (a data.task_id
                           given twice, e.g. by two projects): one judgement id for both; other annotators' are kept
     duplicate             the annotator already judged this task in this export, the same way
@@ -277,7 +282,35 @@ def _ranker(data: dict, value: dict, prompt_id: str, known: dict[str, str]) -> t
     return check_ranking(ranking, prompt_id, known, items={i["id"] for i in items})
 
 
-def _judgement(task: dict, annotation: object, known: dict[str, str], max_rating: int | None) -> _Judgement:
+# where each template's task shows the texts of the responses it names (field of data, or of an item)
+SHOWN_TEXTS = {"pairwise": (("answer1_id", "answer1"), ("answer2_id", "answer2")),
+               "rating": (("response_id", "response"),), "ranker": (("id", "text"), ("id", "body"))}
+
+
+def _comparable(text: str) -> str:
+    return unicodedata.normalize("NFC", text).strip()
+
+
+def check_texts_shown(template: str, data: dict, texts: dict[str, str]) -> None:
+    """Raise text_mismatch when the task shows, for a response id, another text than `texts` (response_id ->
+    text) holds for it; fields the task lacks are not checked."""
+    holders = data.get("items") if template == "ranker" else [data]
+    for holder in holders if isinstance(holders, list) else []:
+        for id_field, text_field_name in SHOWN_TEXTS[template]:
+            shown, response_id = holder.get(text_field_name), holder.get(id_field)
+            if isinstance(shown, str) and response_id in texts and _comparable(shown) != _comparable(
+                    texts[response_id]):
+                ours = _comparable(texts[response_id])
+                raise Rejected("text_mismatch", f"the task shows another text for {response_id} than the responses "
+                               f"artifact holds ({_comparable(shown)[:40]!r} vs {ours[:40]!r})"
+                               ": the responses were generated again under the same ids since the tasks were made; "
+                               "import the export against the generate artifact that made its tasks (rlhf stage "
+                               "import_annotations --input), or set annotation.match_texts false if the tasks show "
+                               "rendered texts")
+
+
+def _judgement(task: dict, annotation: object, known: dict[str, str], max_rating: int | None,
+               texts: dict[str, str] | None = None) -> _Judgement:
     """The judgement of one annotation, or raise Rejected (reasons in the module docstring)."""
     data = task.get("data")
     if not isinstance(data, dict):
@@ -295,6 +328,8 @@ def _judgement(task: dict, annotation: object, known: dict[str, str], max_rating
         judged = _rating(data, value, prompt_id, known, max_rating)
     else:
         judged = _ranker(data, value, prompt_id, known)
+    if texts is not None:
+        check_texts_shown(template, data, texts)
     return _Judgement(template, task_id, annotator, prompt_id, judged)
 
 
@@ -332,13 +367,16 @@ def check_not_repeated(first: dict, key: str, judgement, earlier: str) -> None:
 
 
 def import_label_studio_export(export: list[dict], responses: pd.DataFrame,
-                               max_rating: int | None = None) -> LabelStudioImport:
+                               max_rating: int | None = None, match_texts: bool = True) -> LabelStudioImport:
     """Import a Label Studio export of any mix of the three templates (see the module docstring).
 
-    `responses`: the responses table (response_id, prompt_id). `max_rating`: the Rating tag's
-    maxRating, when known; ratings outside 1..max_rating are then quarantined.
+    `responses`: the responses table (response_id, prompt_id; with its `response` texts, the texts a task shows are
+    checked against them unless not `match_texts`). `max_rating`: the Rating tag's maxRating, when known; ratings
+    outside 1..max_rating are then quarantined.
     """
     known = dict(zip(responses["response_id"], responses["prompt_id"]))
+    texts = (dict(zip(responses["response_id"], responses["response"]))
+             if match_texts and "response" in responses.columns else None)
     annotation_rows, score_rows, quarantined, n_input = [], [], [], 0
     first: dict[str, _Judgement] = {}  # annotation_id -> its accepted judgement
     shown: dict[str, list[str] | None] = {}  # annotation_id -> the ids its accepted task showed
@@ -358,7 +396,7 @@ def import_label_studio_export(export: list[dict], responses: pd.DataFrame,
             n_input += 1
             raw = to_json({"task_id": task.get("id"), "data": task.get("data"), "annotation": annotation})
             try:
-                judgement = _judgement(task, annotation, known, max_rating)
+                judgement = _judgement(task, annotation, known, max_rating, texts)
                 key = judgement.annotation_id
                 check_task_shown_alike(shown, key, judgement.task_id, _shown(task["data"]))
                 check_not_repeated(first, key, judgement,
