@@ -392,13 +392,15 @@ def print_summary(summary: dict) -> None:
     if mlflow.get("run_url"):  # a tracking server: its own UI shows the run
         console.print(f"Open the MLflow UI:  {mlflow['run_url']}", soft_wrap=True)
     else:
-        console.print(f"Open the MLflow UI:  {shlex.quote(str(bin_dir / 'mlflow'))} ui --backend-store-uri "
+        console.print(f"Open the MLflow UI:  MLFLOW_DISABLE_TELEMETRY=true {shlex.quote(str(bin_dir / 'mlflow'))} ui "
+                      "--backend-store-uri "
                       f"{shlex.quote(uri)} --host 127.0.0.1 --port 5000   (then http://127.0.0.1:5000/#/experiments"
                       f"?workflowType=machine_learning: the model-training view)")
     if summary.get("prefect_flow_run_url"):  # a Prefect server that outlives the command
         console.print(f"Open the Prefect UI: {summary['prefect_flow_run_url']}", soft_wrap=True)
     else:
-        console.print(f"Open the Prefect UI: {shlex.quote(str(bin_dir / 'prefect'))} server start --host 127.0.0.1 "
+        console.print(f"Open the Prefect UI: PREFECT_SERVER_ANALYTICS_ENABLED=false "
+                      f"{shlex.quote(str(bin_dir / 'prefect'))} server start --host 127.0.0.1 "
                       f"--port 4200   (flow run {summary.get('prefect_flow_run_id')})")
 
 

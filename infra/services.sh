@@ -14,7 +14,7 @@ if [[ "${1:-}" != start && -f "$DIR/ports" ]]; then source "$DIR/ports"; fi
 PREFECT_PORT=${PREFECT_PORT:-4200}
 MLFLOW_PORT=${MLFLOW_PORT:-5000}
 MLFLOW_URI=http://127.0.0.1:$MLFLOW_PORT
-export PREFECT_HOME=$DIR/prefect PREFECT_SERVER_ANALYTICS_ENABLED=false
+export PREFECT_HOME=$DIR/prefect PREFECT_SERVER_ANALYTICS_ENABLED=false MLFLOW_DISABLE_TELEMETRY=true
 export PREFECT_API_URL=http://127.0.0.1:$PREFECT_PORT/api
 
 wait_for() {  # url seconds

@@ -41,7 +41,8 @@ def check_chat_server(base_url: str, key: str, timeout_s: float = 5.0) -> None:
     counts, 401 and 404 included: this asks whether a server is there, not whether it will accept the round's
     requests (a round found a dead judge only at its last stage, after retrying it for half a minute)."""
     try:
-        httpx.get(f"{base_url.rstrip('/')}/models", timeout=timeout_s)
+        httpx.get(f"{base_url.rstrip('/')}/models", timeout=timeout_s,
+                  trust_env=not _plain_http_to_this_machine(base_url))  # as the client: no proxy to this machine
     except httpx.TransportError as err:
         raise ChatServerUnavailableError(
             f"{key}: nothing answers at {base_url} ({type(err).__name__}): start the server, or fix the URL") from None
@@ -113,9 +114,13 @@ def key_for(url: str, api_key: str | None) -> str | None:
 
 def encrypted_or_local(url: str) -> bool:
     """https, or http to this machine (a loopback address): where an API key may be sent."""
+    return httpx.URL(url).scheme == "https" or _plain_http_to_this_machine(url)
+
+
+def _plain_http_to_this_machine(url: str) -> bool:
     parts = httpx.URL(url)
-    if parts.scheme == "https":
-        return True
+    if parts.scheme != "http":
+        return False
     host = parts.host.strip("[]").lower()
     if host == "localhost":
         return True
@@ -155,7 +160,9 @@ class ChatCompletionsClient:
         self.max_retries, self.backoff_s = max_retries, backoff_s
         self._api_key = key_for(self.url, api_key)
         self._count = count
-        self._client = httpx.Client(timeout=timeout_s)
+        # a proxy of the environment (http_proxy, ALL_PROXY) is another machine: plain http to this one goes direct,
+        # else the key allowed there would reach the proxy in clear text (httpx does not skip loopback by itself)
+        self._client = httpx.Client(timeout=timeout_s, trust_env=not _plain_http_to_this_machine(self.url))
 
     def __repr__(self) -> str:
         return f"ChatCompletionsClient(url={self.url!r}, model={self.model!r}, max_retries={self.max_retries})"

@@ -7,6 +7,7 @@ from pathlib import Path
 _ROOT = Path(tempfile.mkdtemp(prefix="rlhf-tests-"))
 os.environ["PREFECT_HOME"] = str(_ROOT / "prefect")
 os.environ["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
+os.environ["MLFLOW_DISABLE_TELEMETRY"] = "true"  # tests import mlflow before tasks/ does (it sets the same)
 os.environ["PREFECT_LOGGING_LEVEL"] = "WARNING"
 os.environ.pop("PREFECT_API_URL", None)
 os.environ.pop("MLFLOW_TRACKING_URI", None)

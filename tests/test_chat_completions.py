@@ -124,3 +124,22 @@ def test_the_count_hook_gets_requests_retries_and_tokens():
     assert counts == [{"requests": 1, "retries": 0}, {"requests": 1, "retries": 1},
                       {"prompt_tokens": PROMPT_TOKENS, "completion_tokens": COMPLETION_TOKENS}]
     assert "Authorization" not in sent["headers"] and sent["body"]["max_tokens"] == 7
+
+
+def test_a_proxy_of_the_environment_never_gets_a_request_to_this_machine(monkeypatch):
+    """http_proxy / ALL_PROXY name another machine: a key allowed over plain http to this one reached the proxy in
+    clear text (httpx does not skip loopback by itself). https requests still use the proxy (their key is
+    encrypted end to end)."""
+    from rlhf_core.chat_completions import check_chat_server
+
+    with JudgeServer() as judge, JudgeServer() as proxy:
+        judge.always = "hello"
+        for name in ("http_proxy", "HTTP_PROXY", "all_proxy", "ALL_PROXY"):
+            monkeypatch.setenv(name, proxy.base_url.removesuffix("/v1"))
+        for name in ("no_proxy", "NO_PROXY"):
+            monkeypatch.delenv(name, raising=False)
+        with ChatCompletionsClient(judge.base_url, "m", KEY, max_retries=0) as client:
+            assert client.complete([{"role": "user", "content": "hi"}]).content == "hello"
+        check_chat_server(judge.base_url, "evaluation.http.base_url")
+        assert proxy.requests == [] and len(judge.requests) == 1
+        assert judge.requests[0]["headers"]["Authorization"] == f"Bearer {KEY}"

@@ -159,3 +159,22 @@ def test_the_k8s_pool_refuses_a_misspelt_job_variable_and_runs_pods_that_can_wri
         assert client.read_deployment(good).job_variables["gpus"] == 8
         with pytest.raises(PrefectHTTPStatusError, match="422"):
             client.create_deployment(flow_id, "k8s-typo", work_pool_name="rlhf-gpu-test", job_variables={"gpu": 8})
+
+
+def test_mlflow_telemetry_is_off_from_the_first_import_of_the_tasks(tmp_path):
+    """Offline by construction: `import mlflow` starts a telemetry client that asks mlflow-telemetry.io for its
+    config (a DNS lookup and a request in every round). The tasks package turns it off before any of its modules
+    imports mlflow; a user's own setting wins. Run outside pytest and CI, which MLflow itself leaves untracked."""
+    import os
+    import subprocess
+    import sys
+
+    untracked = {"PYTEST_CURRENT_TEST", "CI", "GITHUB_ACTIONS", "MLFLOW_DISABLE_TELEMETRY", "DO_NOT_TRACK"}
+    env = {k: v for k, v in os.environ.items() if k not in untracked}
+    probe = ("import tasks.tracking, os; from mlflow.telemetry.client import get_telemetry_client; "
+             "print(get_telemetry_client() is None, os.environ['MLFLOW_DISABLE_TELEMETRY'])")
+    root = Path(__file__).parents[1]
+    run = lambda e: subprocess.run([sys.executable, "-c", probe], env=e, cwd=root, capture_output=True,  # noqa: E731
+                                   text=True, timeout=120).stdout.split()
+    assert run(env) == ["True", "true"]
+    assert run(env | {"MLFLOW_DISABLE_TELEMETRY": "1"}) == ["True", "1"]  # the user's own value stands
