@@ -176,6 +176,25 @@ def test_the_deployments_schema_refuses_urls_with_credentials_before_prefect_sto
         jsonschema.validate("sk-Proj-Mixed0A1B", judge["secret_block"])
 
 
+def test_the_deployments_schema_refuses_a_key_in_any_string_field_before_prefect_stores_a_run():
+    """Only the URL fields, api_key_env and secret_block had patterns: a key pasted into the judge's model name, the
+    round's name or an export path was stored in Prefect's database with the run's parameters (the flow refused it
+    only later). Prefect's own validator over the flow's parameter schema, as the server runs it."""
+    from prefect.utilities.callables import parameter_schema
+    from prefect.utilities.schema_tools.validation import validate
+
+    from flows.round import rlhf_round
+
+    schema = parameter_schema(rlhf_round.fn).model_dump_for_openapi()
+    key = "sk-proj-AbCdEfGhIjKlMnOpQrStUv123456"
+    for config in ({"evaluation": {"http": {"model": key}}}, {"name": f"week-{key}"},
+                   {"annotation": {"exports": ["a.json", f"{key}.json"]}}, {"sampling": {"tagger": {"model": key}}}):
+        assert validate({"config": config}, schema), config
+    for config in ({"name": "week-12"}, {"annotation": {"exports": ["exports/hf_ultrafeedback_binarized.jsonl"]}},
+                   {"evaluation": {"http": {"model": "gpt-4o-2024-08-06"}}}):
+        assert validate({"config": config}, schema) == [], config
+
+
 def test_a_url_from_the_environment_is_shown_without_its_user_and_password():
     from rlhf_core.config import url_without_userinfo
 
@@ -298,6 +317,12 @@ def test_a_key_pasted_into_any_config_value_is_refused_unshown():
                                          "sk-learn_style_rankings_v2.csv]",
                                          "sampling.tagger.cache_file=hf_ultrafeedback_tag_cache.jsonl"])
     assert named.annotation.exports == ("exports/hf_ultrafeedback_binarized.jsonl", "sk-learn_style_rankings_v2.csv")
+    # but a key in a URL's path, or pasted with a full stop after it, is still one: its body is random
+    for item in ("evaluation.http.base_url=https://gateway.example.com/sk-proj-AbCdEfGhIjKlMnOpQrStUv123456/v1",
+                 "evaluation.http.model=sk-proj-AbCdEfGhIjKlMnOpQrStUv123456."):
+        with pytest.raises(ConfigError, match="looks like an API key") as err:
+            load_config(None, overrides=[item])
+        assert "AbCdEf" not in str(err.value)
 
 
 def test_a_malformed_override_names_its_key_never_its_value():
