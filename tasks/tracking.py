@@ -40,6 +40,7 @@ EXPERIMENT_KIND, MODEL_TRAINING = "mlflow.experimentKind", "custom_model_develop
 # The UI's GenAI / model-training switch (MLflow 3.17) is not read from that tag: it is the link's `workflowType`
 # query parameter, else the browser's last choice, else GenAI. Links into the UI carry it.
 UI_MODEL_TRAINING = "workflowType=machine_learning"
+ALIAS_PENDING = "rlhf.alias_pending"  # a new model version's tag until it holds the alias it was registered for
 MODEL_VERSIONS = "mlflow.modelVersions"  # a logged model's tag naming its registered versions (as MLflow writes it)
 _PROCESS_TRACKING_URI = threading.Lock()  # held while MLflow's process-wide tracking URI is pointed elsewhere
 
@@ -319,7 +320,8 @@ class Tracker:
         A digest (tags["rlhf.digest"]) is registered once: when `name` already has a version for it (a cache
         hit, a re-run after a kill), the run links to that version's logged model, and the version gets the alias
         only when no version holds it: a cached re-run of an old config does not move `candidate` back to its old
-        model (`candidate` is the version a stage last trained)."""
+        model (`candidate` is the version a stage last trained). A new version carries ALIAS_PENDING until its alias
+        is set: a run killed in between gives it the alias when run again (it kept `candidate` on the old model)."""
         try:
             self.client.get_registered_model(name)
         except mlflow.exceptions.MlflowException:
@@ -331,7 +333,7 @@ class Tracker:
             model_id = self._new_logged_model(run_id, model_dir, name, tags, params, metrics, pyfunc)
             with self._registry_resolves_models_uris():
                 version = self.client.create_model_version(name, source=f"models:/{model_id}", run_id=run_id,
-                                                           tags=tags, model_id=model_id)
+                                                           tags=tags | {ALIAS_PENDING: alias}, model_id=model_id)
             # what mlflow.register_model records: the logged model's page lists its registered versions
             self.client.set_logged_model_tags(model_id, {MODEL_VERSIONS: json.dumps([{"name": name,
                                                                                       "version": version.version}])})
@@ -343,9 +345,11 @@ class Tracker:
                     # registered before models were pyfuncs (2026-11-29): the version a cache hit reuses gets one
                     self._add_pyfunc(model_id, run_id, name, pyfunc)
             self.log_metrics(run_id, metrics)
-            if self.aliased_version(name, alias) is not None:
+            if version.tags.get(ALIAS_PENDING) != alias and self.aliased_version(name, alias) is not None:
                 return int(version.version)
         self.client.set_registered_model_alias(name, alias, version.version)
+        if ALIAS_PENDING in version.tags:
+            self.client.delete_model_version_tag(name, version.version, ALIAS_PENDING)
         return int(version.version)
 
     def _new_logged_model(self, run_id: str, model_dir: Path, name: str, tags: dict[str, str],

@@ -299,3 +299,33 @@ def test_a_workers_directory_resumes_only_the_run_that_wrote_it(tmp_path):
     (tmp_path / "prompts.parquet").write_bytes(b"prompts")
     with pytest.raises(ValueError, match="another seed"):
         check_resumable_dir(work, argparse.Namespace(**vars(args) | {"seed": 4}), inputs, main_process=True)
+
+
+def test_a_generation_run_resumes_after_its_workdir_moved(tmp_path):
+    """generators.json holds the policy's absolute path, and the resume check keyed the file's bytes: a killed
+    multi-rank generation in a moved (or copied) workdir was refused as "another run" on every re-run, though its
+    cache key, which names the generators by id, was the same. Strategies and ids still tell runs apart."""
+    import argparse
+
+    from rlhf_core.config import SamplingStrategy
+    from rlhf_core.generation.generators import Generator, generators_identity, save_generators
+    from rlhf_core.workers.ranks import check_resumable_dir
+
+    def generators(path: str, temperature: float = 1.0) -> Path:
+        out = tmp_path / f"generators-{len(list(tmp_path.glob('generators-*')))}.json"
+        strategy = SamplingStrategy(name="t", temperature=temperature)
+        save_generators([Generator("policy", "policy-ab12", path, (strategy,))], out)
+        return out
+
+    before, moved = generators("/old/workdir/artifacts/policy/ab12"), generators("/new/workdir/artifacts/policy/ab12")
+    assert generators_identity(before) == generators_identity(moved)
+    assert generators_identity(generators("/old/workdir/artifacts/policy/ab12", 0.7)) != generators_identity(before)
+    (tmp_path / "cfg.json").write_text("{}")
+    (tmp_path / "prompts.parquet").write_bytes(b"prompts")
+    args = argparse.Namespace(config=str(tmp_path / "cfg.json"), seed=0, prompts=str(tmp_path / "prompts.parquet"))
+    for path in (before, moved):  # the generate worker's check, as it names its generators
+        check_resumable_dir(tmp_path / "shards", args, ("prompts",), main_process=True,
+                            identities={"generators": generators_identity(path)})
+    with pytest.raises(ValueError, match="another generators"):
+        check_resumable_dir(tmp_path / "shards", args, ("prompts",), main_process=True,
+                            identities={"generators": generators_identity(generators("/x", 0.7))})

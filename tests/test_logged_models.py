@@ -227,6 +227,31 @@ def test_a_model_a_killed_round_left_pending_is_failed_by_the_next_round(tmp_pat
     assert tracker.client.get_run(quoted).info.status == "KILLED"
 
 
+def test_a_version_registered_by_a_run_killed_before_its_alias_gets_the_alias_when_run_again(tmp_path, monkeypatch):
+    """v1 holds candidate; a run registers v2 and is killed before it moves the alias. Run again (a cache hit), v2
+    was found by its digest and, candidate being held (by v1), kept it there for good: the stage's newest model
+    was never served. An old version found again (a cached re-run of an old config) still leaves the alias."""
+    tracker = Tracker(f"sqlite:///{tmp_path / 'm.db'}", "killed-alias", tmp_path / "artifacts")
+    model_dir = tmp_path / "model"
+    model_dir.mkdir()
+    (model_dir / "config.json").write_text("{}")
+    register = lambda digest: tracker.register_model(tracker.start_run("ppo", {}), model_dir, "p", "candidate",  # noqa
+                                                     tags={"rlhf.digest": digest})
+    assert register("a" * 64) == 1
+    with monkeypatch.context() as m:
+        def killed(*args):
+            raise KeyboardInterrupt("killed")
+
+        m.setattr(tracker.client, "set_registered_model_alias", killed)
+        with pytest.raises(KeyboardInterrupt):
+            register("b" * 64)
+    assert int(tracker.aliased_version("p", "candidate").version) == 1
+    assert register("b" * 64) == 2
+    aliased = tracker.aliased_version("p", "candidate")
+    assert int(aliased.version) == 2 and "rlhf.alias_pending" not in aliased.tags
+    assert register("a" * 64) == 1 and int(tracker.aliased_version("p", "candidate").version) == 2
+
+
 def test_no_secret_reaches_the_logged_model_or_the_version(tmp_path):
     tracker = Tracker(f"sqlite:///{tmp_path / 'm.db'}", "secrets", tmp_path / "artifacts")
     model_dir = tmp_path / "model"

@@ -68,6 +68,13 @@ def read_generators(path: Path) -> list[Generator]:
     return [Generator.from_json(g) for g in json.loads(Path(path).read_text())]
 
 
+def generators_identity(path: Path) -> str:
+    """What the generators of `path` compute: names, ids (a model's id holds its content digest) and strategies, not
+    where the models lie (the policy's path moves with a moved workdir; a killed run there resumes its shards)."""
+    computed = [{k: v for k, v in g.to_json().items() if k != "path"} for g in read_generators(path)]
+    return "generators:" + hashlib.sha256(json.dumps(computed, sort_keys=True).encode()).hexdigest()
+
+
 def model_files(path: Path) -> list[Path]:
     """The top-level files of a model directory that decide its outputs, sorted by name."""
     return sorted(f for f in path.iterdir()

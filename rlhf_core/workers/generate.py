@@ -20,7 +20,7 @@ from pathlib import Path
 import pandas as pd
 
 from rlhf_core.config import GenerationConfig
-from rlhf_core.generation.generators import read_generators
+from rlhf_core.generation.generators import generators_identity, read_generators
 from rlhf_core.generation.shards import generate_plan_shards, n_shards
 from rlhf_core.workers.ranks import check_resumable_dir, finish_ranks, start_ranks, worker_parser
 
@@ -38,7 +38,8 @@ def main(argv: list[str] | None = None) -> None:
     accelerator = start_ranks()
     rank, world_size = accelerator.process_index, accelerator.num_processes
 
-    check_resumable_dir(args.shard_dir, args, ("generators", "prompts"), accelerator.is_main_process)
+    check_resumable_dir(args.shard_dir, args, ("prompts",), accelerator.is_main_process,
+                        identities={"generators": generators_identity(Path(args.generators))})
     cfg = GenerationConfig.model_validate_json(Path(args.config).read_text())
     prompts = pd.read_parquet(args.prompts, columns=["prompt_id", "prompt"])
     shard_dir = Path(args.shard_dir)

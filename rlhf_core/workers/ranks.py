@@ -65,16 +65,18 @@ RUN_FILE = "run.json"  # in a worker's resumable directory: which run's work it 
 
 
 def check_resumable_dir(directory: str | Path, args: argparse.Namespace, inputs: tuple[str, ...],
-                        main_process: bool) -> None:
+                        main_process: bool, identities: dict[str, str] | None = None) -> None:
     """Refuse to resume in `directory` (checkpoints, voters, shards) the work of another run: its config (but the
     number of ranks), seed or inputs (the `args` named in `inputs`: a store artifact by its digest, a file by its
     bytes, another directory by its path and newest file's time). The main process notes this run's in
     `directory/run.json` on first use. Before, a worker run by hand, or a GPU check, with new inputs in an old
     directory resumed the old run's PPO checkpoint or voters without a word. (A stage's scratch directory is named
-    by its cache key, which covers all of this.)"""
+    by its cache key, which covers all of this.) `identities`: inputs the worker names itself, by what they compute
+    rather than where they lie (a moved workdir resumes)."""
     config = {k: v for k, v in json.loads(Path(args.config).read_text()).items() if k not in EXECUTION_SETTINGS}
     run = {"config": config, "seed": args.seed,
-           "inputs": {name: _identity(getattr(args, name)) for name in inputs if getattr(args, name) is not None}}
+           "inputs": {name: _identity(getattr(args, name)) for name in inputs if getattr(args, name) is not None}
+           | (identities or {})}
     path = Path(directory) / RUN_FILE
     if path.is_file():
         noted = json.loads(path.read_text())
