@@ -146,6 +146,17 @@ def round_inputs(missing: list[str], config: RoundConfig) -> Inputs:
     return {name: ArtifactRef(**artifacts[MADE_BY.get(name, name)]) for name in missing}
 
 
+def pairs_simulated(store: ArtifactStore, pairs: ArtifactRef) -> bool:
+    """Whether `pairs` are the simulated world's (their import stage says; accumulated pairs are their current round's):
+    a stage alone on given pairs adds gold metrics by what the pairs are, not by the config (gold of real prompts
+    failed after the voters trained; simulated pairs under a config with exports lost every gold metric)."""
+    manifest = store.manifest(pairs)
+    if manifest.stage == "accumulate_pairs":
+        current = next(i for i in manifest.inputs if i.name == "current")
+        return pairs_simulated(store, store.find(current.kind, current.digest))
+    return bool(manifest.config.get("simulated", False))
+
+
 @flow(name="rlhf-stage", version=rlhf_core.__version__, log_prints=True)
 def rlhf_stage(stage: HeavyStageName = "denoise", inputs: dict[str, str] | None = None,
                config: RoundConfig = RoundConfig(), config_path: str | None = None) -> dict[str, Any]:
@@ -186,7 +197,8 @@ def rlhf_stage(stage: HeavyStageName = "denoise", inputs: dict[str, str] | None 
             source = "stage_input"  # a policy given to rlhf-stage
             if "policy" in missing:  # the policy the round would improve: SFT, or the champion
                 refs["policy"], source = starting_policy(ctx, config.iteration, refs["policy"], None)
-            ref = HEAVY_STAGES[stage].call(ctx, config, refs, config.seed, not config.annotation.exports)
+            simulated = pairs_simulated(store, refs["pairs"]) if "pairs" in refs else not config.annotation.exports
+            ref = HEAVY_STAGES[stage].call(ctx, config, refs, config.seed, simulated)
             if stage == "ppo":  # its registered version names what it started from and its reward model, as a round's
                 lineage = lineage_tags(ctx, refs["policy"], source)
                 ctx.tracker.set_tags(ctx.parent_run_id, lineage)

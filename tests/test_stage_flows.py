@@ -162,6 +162,24 @@ def test_the_cli_runs_one_stage_alone_on_a_chosen_input(round_to_vote):
         assert refused.exit_code == 2 and message in " ".join(refused.output.split()), refused.output
 
 
+def test_a_stage_alone_adds_gold_metrics_by_what_its_pairs_are_not_by_the_config(round_to_vote, monkeypatch):
+    """`simulated` came from the config (no annotation.exports): the round's simulated pairs given under a config
+    with exports lost every gold metric, and real pairs under one without failed on gold after the voters trained."""
+    from flows.stages import rlhf_stage
+
+    cfg, first = round_to_vote
+    export = Path(first["artifacts"]["annotators"]["path"]) / "exports" / "00-simulated-label-studio.json"
+    monkeypatch.setenv("RLHF_ALLOWED_ROOTS", str(Path(cfg.workdir).parent))
+    with_exports = cfg.model_copy(update={"annotation": cfg.annotation.model_copy(update={"exports": (str(export),)})})
+    pairs, votes = first["artifacts"]["import_annotations"], first["artifacts"]["vote"]
+    result = rlhf_stage(stage="denoise", config=with_exports, inputs={"pairs": f"comparisons:{pairs['digest']}",
+                                                                      "vote": f"votes:{votes['digest']}"})
+    store = ArtifactStore(Path(cfg.workdir) / "artifacts")
+    metrics = store.manifest(store.find("denoised", result["artifact"]["digest"])).metrics
+    assert "denoise/flip_precision_excl_gold_ties" in metrics and store.manifest(store.find("denoised", result["artifact"][
+        "digest"])).config["simulated"] is True
+
+
 def test_a_stage_alone_refuses_a_continued_series_config(round_to_vote):
     from flows.stages import rlhf_stage
 
