@@ -300,6 +300,10 @@ class TaggerConfig(StrictModel):
         if self.source == "embedding" and bool(self.vocabulary) == (self.vocabulary_file is not None):
             raise ValueError("tagger.source 'embedding' needs exactly one of tagger.vocabulary (a list of tags) "
                              "and tagger.vocabulary_file (one tag per line)")
+        if self.source == "embedding" and self.vocabulary:  # a file's tags: rlhf_core.paths.check_config_paths
+            from rlhf_core.sampling.embedding import vocabulary_tags
+
+            vocabulary_tags(self.vocabulary)
         if self.source == "llm" and not (self.base_url and self.model):
             raise ValueError("tagger.source 'llm' needs tagger.base_url and tagger.model")
         return self

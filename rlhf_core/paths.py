@@ -87,14 +87,30 @@ def check_config_paths(config) -> dict[str, Path]:
             raise PathNotAllowedError(f"{key}: {path} is a directory; list the export files themselves")
         if key.endswith(".deepspeed"):
             check_deepspeed_json(key, path)
+        if key == "sampling.tagger.vocabulary_file" and config.sampling.tagger.source == "embedding":
+            check_vocabulary_file(key, path)
         if key in MODEL_DIR_KEYS or key.startswith("generation.generators["):  # else found only stages later
             if not (path / "config.json").is_file():
                 raise PathNotAllowedError(f"{key}: {path} is not a Hugging Face model directory (no config.json): "
                                           "give a directory written by save_pretrained (or `rlhf convert-gguf`)")
+            from rlhf_core.generation.generators import check_loadable  # transformers: only when a model is named
+
+            check_loadable(path, key)  # a causal LM with an eos (a sentence encoder failed SFT with a traceback)
     return resolved
 
 
 MODEL_DIR_KEYS = {"policy_model.pretrained", "evaluation.local.model_path"}
+
+
+def check_vocabulary_file(key: str, path: Path) -> None:
+    """The embedding tagger's tags, read as the sample stage reads them (else a repeated tag or a file of comments
+    failed there, after the world and SFT stages, with a traceback)."""
+    from rlhf_core.sampling.embedding import load_vocabulary, vocabulary_tags
+
+    try:
+        vocabulary_tags(load_vocabulary(path))
+    except (ValueError, UnicodeDecodeError) as err:
+        raise PathNotAllowedError(f"{key}: {err}") from None
 
 
 def check_deepspeed_json(key: str, path: Path) -> None:

@@ -270,6 +270,15 @@ def replay_metric_history(tracker: Tracker, run_id: str, path: Path) -> None:
         tracker.log_metrics(run_id, by_step[step], step)
 
 
+def warn_cut_rows(stage: str, share: float, key: str, max_length: int) -> None:
+    """Warn when over 1 % of the pairs have a row of `max_length` tokens: cut from the left, the prompt's start
+    lost (or exactly that long); a reward model that cannot see the question judges blind."""
+    if share > 0.01:
+        _stage_logger().warning("%s: %.1f %% of the pairs have a row of %s (%d) tokens, cut from the left (the "
+                                "prompt's start lost) or exactly that long: raise %s", stage, 100 * share, key,
+                                max_length, key)
+
+
 def _stage_logger() -> logging.Logger | logging.LoggerAdapter:
     """The Prefect run's logger (console and the UI's log view) inside a run, else the module's."""
     try:

@@ -17,7 +17,7 @@ from rlhf_core.reward.model import RewardModel, score_texts
 from rlhf_core.reward.train import pair_reward_diffs, train_reward_model
 from rlhf_core.schemas import read_table
 from rlhf_core.sim.metrics import accuracy_by_pair_type, answer_probe, gold_eval_pairs
-from tasks.common import RunContext, StageRun, _stage_logger, run_stage
+from tasks.common import RunContext, StageRun, run_stage, warn_cut_rows
 from tasks.launch import group_world_size, run_worker
 
 VERSION = "3"
@@ -42,11 +42,7 @@ def train_reward(ctx: RunContext, cfg: RewardConfig, denoised: ArtifactRef, comp
         samples = (policy_samples(read_table("responses", responses.file("responses.parquet")), policy_generators)
                    if cfg.train.meta.enabled else None)
         model, tokenizer, report = train_on_ranks(cfg, policy.path, pairs, seed, samples, run.scratch / "denoised")
-        if report.get("share_at_max_length", 0.0) > 0.01:  # a reward that cannot see the question judges blind
-            _stage_logger().warning(
-                "reward: %.1f %% of the pairs have a row of reward.train.max_length (%d) tokens, cut from the left "
-                "(the prompt's start lost) or exactly that long: raise reward.train.max_length",
-                100 * report["share_at_max_length"], cfg.train.max_length)
+        warn_cut_rows("reward", report["share_at_max_length"], "reward.train.max_length", cfg.train.max_length)
         model.save(out, tokenizer)
         metrics = {f"reward/{k}": float(v) for k, v in report.items() if isinstance(v, (int, float))}
         if simulated:

@@ -15,7 +15,7 @@ from rlhf_core.config import VotingConfig
 from rlhf_core.reward.voting import vote
 from rlhf_core.schemas import read_table, write_table
 from rlhf_core.sim.metrics import agreement_by_strength_decile, gold_difference
-from tasks.common import RunContext, StageRun, run_stage
+from tasks.common import RunContext, StageRun, run_stage, warn_cut_rows
 from tasks.launch import group_world_size, run_worker
 from tasks.plots import agreement_by_bucket, agreement_by_strength, strength_histogram, strength_std_by_group
 
@@ -43,6 +43,7 @@ def vote_strength(ctx: RunContext, cfg: VotingConfig, comparisons: ArtifactRef, 
             run_worker("rlhf_core.workers.vote", args, cfg.num_processes, run.scratch / "worker.log")
             world_size = group_world_size(voter_dir, cfg.num_processes, "voting", run.scratch / "worker.log")
         votes, report = vote(policy.path, pairs, cfg, seed=seed, progress=True, voter_dir=voter_dir)
+        warn_cut_rows("vote", report["share_at_max_length"], "voting.train.max_length", cfg.train.max_length)
         seconds = time.perf_counter() - t0  # the workers' time included
         report |= {"seconds": seconds, "seconds_per_model": seconds / cfg.n_models, "world_size": world_size}
         write_table("votes", votes, out / "votes.parquet")

@@ -92,6 +92,26 @@ def test_vocabulary_file(tmp_path):
         load_vocabulary(tmp_path / "missing.txt")
 
 
+def test_a_bad_vocabulary_is_refused_when_the_config_is_read(tmp_path, monkeypatch):
+    """A repeated tag, or a file of comments only, passed `rlhf validate` and failed the sample stage with a
+    traceback, after the world and SFT stages."""
+    from rlhf_core.config import ConfigError, load_config
+    from rlhf_core.paths import PathNotAllowedError, check_config_paths
+
+    monkeypatch.setenv("RLHF_ALLOWED_ROOTS", str(tmp_path))
+    embedding = [f"workdir={tmp_path}", "sampling.tagger.source=embedding"]
+    with pytest.raises(ConfigError, match=r"repeats \['math'\] \(after lower-casing\)"):
+        load_config(None, overrides=[*embedding, "sampling.tagger.vocabulary=[math, Math, polite]"])
+    for content, message in (("math\nMath\npolite\n", r"vocabulary_file: the tag vocabulary repeats \['math'\]"),
+                             ("# nothing yet\n", "vocabulary_file: tag vocabulary file .* holds no tags")):
+        (tmp_path / "tags.txt").write_text(content)
+        config = load_config(None, overrides=[*embedding, f"sampling.tagger.vocabulary_file={tmp_path / 'tags.txt'}"])
+        with pytest.raises(PathNotAllowedError, match=message):
+            check_config_paths(config)
+    (tmp_path / "tags.txt").write_text("math\npolite\n")
+    check_config_paths(config)
+
+
 # ---------------------------------------------------------------- logic on hand-made vectors
 
 

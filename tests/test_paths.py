@@ -129,3 +129,20 @@ def test_a_model_path_that_holds_no_model_is_refused_with_the_config(layout):
             ("evaluation.local.model_path", {"evaluation": {"judge": "local", "local": {"model_path": "data"}}})):
         with pytest.raises(PathNotAllowedError, match=re.escape(key) + ": .*data is not a Hugging Face model"):
             check_config_paths(parse_config(section))
+
+
+def test_a_model_path_that_holds_no_causal_lm_is_refused_with_the_config(layout):
+    """A sentence encoder (MiniLM, the tagger's backbone) given as the pretrained policy passed `rlhf validate` and
+    failed SFT with "Could not infer dtype of NoneType"."""
+    from transformers import BertConfig
+
+    from rlhf_core import models
+
+    encoder = layout / "project" / "data" / "encoder"
+    BertConfig(vocab_size=300, hidden_size=8, num_hidden_layers=1, num_attention_heads=2, intermediate_size=8,
+               architectures=["BertModel"]).save_pretrained(encoder)  # as all-MiniLM-L6-v2's config.json says
+    models.build_tokenizer().save_pretrained(encoder)
+    for section in ({"policy_model": {"pretrained": "data/encoder"}},
+                    {"evaluation": {"judge": "local", "local": {"model_path": "data/encoder"}}}):
+        with pytest.raises(ValueError, match=r"is a 'bert' model \(BertModel\), not a causal LM"):
+            check_config_paths(parse_config(section))

@@ -311,6 +311,10 @@ def test_vote_finds_the_swapped_labels(init_dir):
     assert metrics["share_incorrect"] == pytest.approx(negative.mean())
     assert sum(metrics[f"share_{b}"] for b in ("incorrect", "ambiguous", "normal")) == pytest.approx(1.0)
     assert 0.5 <= metrics["sign_agreement"] <= 1.0
+    assert metrics["share_at_max_length"] == 0.0  # rows far under 64 tokens
+    # the voters' rows cut to max_length are reported as the reward stage's are (they flipped labels blind)
+    cut = cfg.model_copy(update={"n_models": 2, "train": cfg.train.model_copy(update={"max_length": 8, "epochs": 1})})
+    assert vote(init_dir, pairs.iloc[:16], cut, seed=0)[1]["share_at_max_length"] == 1.0
 
 
 def test_out_of_fold_votes_come_only_from_voters_that_did_not_train_on_the_pair(init_dir, monkeypatch):

@@ -214,6 +214,12 @@ def test_detect_format_explains_what_it_saw(tmp_path):
         detect_format(path)
     with pytest.raises(ValueError, match="pass fmt="):
         import_text_pairs(write_lines(tmp_path / "empty.jsonl", [b""]), "auto")
+    # TRL's implicit-prompt conversational rows were taken for HH dialogues, then every row refused as not_a_string
+    implicit = write_objects(tmp_path / "implicit.jsonl", [{"chosen": [user("Q"), assistant("a")],
+                                                            "rejected": [user("Q"), assistant("b")]}])
+    with pytest.raises(ValueError, match="without a prompt .TRL's implicit prompt. are not read: give each row its "
+                                         "prompt messages"):
+        detect_format(implicit)
 
 
 messages = st.lists(

@@ -313,8 +313,8 @@ def _kind(obj: dict) -> Literal["hh", "trl", "trl_messages"] | None:
         return "trl_messages"
     if isinstance(prompt, str):
         return "trl"
-    if "prompt" not in obj and "chosen" in obj and "rejected" in obj:
-        return "hh"
+    if "prompt" not in obj and isinstance(obj.get("chosen"), str) and isinstance(obj.get("rejected"), str):
+        return "hh"  # a dialogue each; lists there are TRL's implicit-prompt messages, which no format here reads
     return None
 
 
@@ -322,8 +322,8 @@ def detect_format(path: str | Path, kind: Callable[[dict], str | None] = _kind,
                   formats: str = "fmt='hh', fmt='trl' or fmt='trl_messages'") -> str:
     """The format of a JSONL file of text pairs, told by the first of its first DETECT_LINES
     JSON-object lines that fits one: "prompt" a list → "trl_messages", a string → "trl";
-    no "prompt" but "chosen" and "rejected" → "hh". None fits: ImportFormatError (a ValueError) naming
-    `formats`. `kind`: another line classifier (the importer's also knows score-table rows).
+    no "prompt" but "chosen" and "rejected" strings → "hh". None fits: ImportFormatError (a ValueError) naming
+    `formats` (and, for rows of chosen / rejected message lists without a prompt, what to do). `kind`: another line classifier (the importer's also knows score-table rows).
     """
     seen: list[list[str]] = []
     for _, line in _lines(Path(path)):
@@ -338,9 +338,12 @@ def detect_format(path: str | Path, kind: Callable[[dict], str | None] = _kind,
         seen.append(sorted(obj)[:8])
         if len(seen) == DETECT_LINES:
             break
+    implicit = any("prompt" not in keys and {"chosen", "rejected"} <= set(keys) for keys in seen)
     raise ImportFormatError(
         f"{path}: cannot tell the format from {len(seen)} JSON object line(s) "
         f"(keys of the first: {seen[:3]}); pass {formats}"
+        + ("; rows of chosen / rejected message lists without a prompt (TRL's implicit prompt) are not read: give "
+           "each row its prompt messages (trl_messages: prompt, chosen and rejected lists)" if implicit else "")
     )
 
 

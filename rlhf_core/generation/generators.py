@@ -130,10 +130,13 @@ def check_loadable(path: Path, field: str) -> None:
             f"{field}: {path} does not load with transformers ({type(err).__name__}: {err}); check that it was "
             "written by save_pretrained with its tokenizer and that this transformers version knows the architecture"
         ) from err
-    if config.model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+    # the saved architecture too: BERT's type has a causal-LM class, but a sentence encoder's weights are no LM
+    heads = config.architectures or []
+    if config.model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES or (
+            heads and not any(a.endswith(("ForCausalLM", "LMHeadModel")) for a in heads)):
         raise GenerationInputError(
-            f"{field}: {path} is a {config.model_type!r} model, not a causal LM; give a model that "
-            "AutoModelForCausalLM loads"
+            f"{field}: {path} is a {config.model_type!r} model ({', '.join(heads) or 'no architecture saved'}), not "
+            "a causal LM; give a model that AutoModelForCausalLM loads"
         )
     if tokenizer.eos_token_id is None:
         raise GenerationInputError(f"{field}: the tokenizer in {path} has no eos token; set eos_token and re-save it")

@@ -190,7 +190,8 @@ def vote(
     Returns the votes table (pair_id, mean, std, diffs: list of M floats, NaN where a voter did
     not vote; z = mean / scale; n_votes; bucket) in the order of `pairs`, and metrics:
     share_incorrect / share_ambiguous / share_normal, strength_scale, mean_std, sign_agreement,
-    train_accuracy (mean over models), seconds, seconds_per_model.
+    train_accuracy (mean over models), share_at_max_length (pairs with a row cut to cfg.train.max_length, as the
+    reward stage reports it: voters that never saw the prompt's start), seconds, seconds_per_model.
     """
     if pairs["pair_id"].duplicated().any():
         raise ValueError("pair_id must be unique in the pairs to vote on")
@@ -206,7 +207,10 @@ def vote(
             directory = Path(voter_dir) if voter_dir is not None else Path(tmp)
             run_voters(init_dir, pairs, cfg, seed, directory, progress=progress, device=device)
             diffs, train_acc = collect_voters(directory, len(pairs), cfg.n_models)
-    return votes_table(pairs, diffs, cfg), _vote_metrics(diffs, cfg, train_acc, time.perf_counter() - t0)
+    metrics = _vote_metrics(diffs, cfg, train_acc, time.perf_counter() - t0)
+    lengths = encode_pairs(models.load_tokenizer(init_dir), pairs, cfg.train.max_length).lengths()
+    metrics["share_at_max_length"] = float((lengths >= cfg.train.max_length).mean())
+    return votes_table(pairs, diffs, cfg), metrics
 
 
 def votes_table(pairs: pd.DataFrame, diffs: np.ndarray, cfg: VotingConfig) -> pd.DataFrame:

@@ -102,12 +102,7 @@ class EmbeddingTagger:
 
     def __init__(self, vocabulary: list[str], encoder, threshold: float = 0.3, max_tags: int = 5,
                  batch_size: int = 256):
-        tags = [" ".join(str(t).split()).lower() for t in vocabulary]
-        if not tags or any(not t for t in tags):
-            raise ValueError("the tag vocabulary must hold at least one non-empty tag")
-        repeated = sorted(t for t, n in Counter(tags).items() if n > 1)
-        if repeated:
-            raise ValueError(f"the tag vocabulary repeats {repeated[:5]} (after lower-casing): list each tag once")
+        tags = vocabulary_tags(vocabulary)
         if not -1.0 <= threshold <= 1.0 or max_tags < 1 or batch_size < 1:
             raise ValueError(f"need threshold in [-1, 1], max_tags >= 1, batch_size >= 1; got {threshold}, "
                              f"{max_tags}, {batch_size}")
@@ -146,6 +141,18 @@ def _unit_rows(x) -> np.ndarray:
     if x.ndim != 2:
         raise ValueError(f"the encoder must return a (N, D) array, got shape {x.shape}")
     return x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
+
+
+def vocabulary_tags(vocabulary: list[str] | tuple[str, ...]) -> list[str]:
+    """The tags as the tagger compares them (spaces collapsed, lower case); ValueError for an empty vocabulary, an
+    empty tag or a tag given twice (the config's check and the tagger's, so a bad one fails before any stage)."""
+    tags = [" ".join(str(t).split()).lower() for t in vocabulary]
+    if not tags or any(not t for t in tags):
+        raise ValueError("the tag vocabulary must hold at least one non-empty tag")
+    repeated = sorted(t for t, n in Counter(tags).items() if n > 1)
+    if repeated:
+        raise ValueError(f"the tag vocabulary repeats {repeated[:5]} (after lower-casing): list each tag once")
+    return tags
 
 
 def load_vocabulary(path: str | Path) -> list[str]:
