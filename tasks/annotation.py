@@ -28,7 +28,8 @@ COLLECT_VERSION = "2"
 # 4: a Label Studio task without data.task_id named by what it shows; pairs by their two responses;
 # 5: one pair across pairwise labels and scores, one vote per annotator and pair, HH replies with a later Human
 # turn quarantined; 6: a ranking's pairs from its own order (two rankings of other items were averaged), a reused
-# task id named; 7: a task's shown texts checked against the responses under its ids (annotation.match_texts)
+# task id named; 7: a task's shown texts checked against the responses under its ids (annotation.match_texts),
+# a text pair of one text in two Unicode forms or spacings is a self_pair
 IMPORT_VERSION = "7"
 SIMULATED_EXPORT = "00-simulated-label-studio.json"
 

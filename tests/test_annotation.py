@@ -130,8 +130,13 @@ def test_an_unknown_response_id_is_quoted_and_a_near_miss_named():
 def test_read_export_errors_are_actionable(tmp_path):
     bad = tmp_path / "x.json"
     bad.write_text('[{"id": 1,}')
-    with pytest.raises(ImportFormatError, match="not valid JSON at line 1"):
+    with pytest.raises(ImportFormatError, match="not valid JSON at line 1") as err:
         read_export(bad)
+    assert "JSON Lines" not in str(err.value)
+    bad.write_text('{"prompt": "q", "chosen": "a", "rejected": "b"}\n{"prompt": "q", "chosen": "a", "rejected": "c"}\n')
+    with pytest.raises(ImportFormatError, match="line 2 column 1: Extra data; it looks like JSON Lines .* name it "
+                                                ".jsonl, or set annotation.format"):
+        read_export(bad)  # what datasets' to_json writes by default
     bad.write_text('{"id": 1}')
     with pytest.raises(ImportFormatError, match="list of tasks"):
         read_export(bad)

@@ -96,6 +96,16 @@ def test_every_bad_row_is_quarantined_with_its_reason(tmp_path):
     assert len(comparisons) + len(quarantine) == len(rows) - 1
 
 
+def test_one_text_in_two_unicode_forms_or_with_a_trailing_space_is_no_pair(tmp_path):
+    """"x" against "x " and NFC "café" against NFD "café" imported as preference pairs between two texts a reader
+    sees as one."""
+    rows = [{"prompt": "Q", "chosen": "x", "rejected": "x "},
+            {"prompt": "Q", "chosen": "caf\u00e9", "rejected": "cafe\u0301"},
+            {"prompt": "Q", "chosen": "x", "rejected": "y"}]
+    comparisons, quarantine = import_text_pairs(write_objects(tmp_path / "near.jsonl", rows), "trl")
+    assert quarantine["reason"].tolist() == ["self_pair", "self_pair"] and comparisons["rejected"].tolist() == ["y"]
+
+
 def test_import_is_idempotent_and_gzip_agnostic(tmp_path):
     first = import_text_pairs(HH_200, "hh")
     second = import_text_pairs(HH_200, "hh")

@@ -128,7 +128,12 @@ def read_export(path: str | Path) -> list[dict]:
     except UnicodeDecodeError as err:
         raise ImportFormatError(f"{path}: not UTF-8 text ({err})") from None
     except json.JSONDecodeError as err:
-        raise ImportFormatError(f"{path}: not valid JSON at line {err.lineno} column {err.colno}: {err.msg}") from None
+        # one JSON object per line (datasets' to_json writes .json so): JSON Lines, read by the text-pair formats
+        lines = err.msg == "Extra data" and err.colno == 1
+        hint = ("; it looks like JSON Lines (one object per line): name it .jsonl, or set annotation.format (hh, trl, "
+                "trl_messages or score_table)" if lines else "")
+        raise ImportFormatError(f"{path}: not valid JSON at line {err.lineno} column {err.colno}: {err.msg}"
+                                f"{hint}") from None
     except RecursionError:
         raise ImportFormatError(f"{path}: JSON nested too deeply to be a Label Studio export") from None
     if not isinstance(data, list):

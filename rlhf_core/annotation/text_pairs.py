@@ -29,7 +29,7 @@ line number in the file, `reason`, `detail`, `raw` = the line as text): accepted
     empty_text       a field (or, for "hh", a split-off reply) is empty or whitespace only
     prefix_mismatch  "hh": no "\\n\\nAssistant:" marker, or the dialogues differ before the last reply
     oversized_field  prompt, chosen or rejected longer than `max_field_chars` characters
-    self_pair        chosen == rejected
+    self_pair        chosen == rejected, up to Unicode form (NFC) and spaces around them: one text shown twice
     bad_margin_label "margin_label" present but not one of MARGIN_BY_LABEL
     duplicate        same prompt, chosen and rejected as an earlier accepted row of the file
     contradictory    the same prompt and two responses as an earlier accepted row, preferred the other way
@@ -62,6 +62,7 @@ import hashlib
 import json
 import os
 import tempfile
+import unicodedata
 import zlib
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -285,8 +286,8 @@ def _parse(line: bytes, fmt: str, max_field_chars: int) -> tuple[dict[str, str],
         if len(text) > max_field_chars:
             detail = f"{name!r} has {len(text)} characters > max_field_chars={max_field_chars}"
             raise _Rejected("oversized_field", detail)
-    if chosen == rejected:
-        raise _Rejected("self_pair", "chosen == rejected")
+    if unicodedata.normalize("NFC", chosen).strip() == unicodedata.normalize("NFC", rejected).strip():
+        raise _Rejected("self_pair", "chosen == rejected (up to Unicode form and surrounding spaces)")
     return texts, _margin(obj)
 
 
