@@ -748,7 +748,11 @@ class PPOConfig(StrictModel):
     gamma: float = Field(1.0, ge=0, le=1, description="GAE discount (1 = undiscounted, as in Part I)")
     lam: float = Field(0.95, ge=0, le=1, description="GAE lambda")
     clip_coef: float = Field(0.2, gt=0, description="policy ratio clip")
-    vf_coef: float = Field(0.5, ge=0, description="weight of the value loss (CleanRL: 0.5)")
+    # CleanRL's value-loss weight matters where one optimiser steps policy + vf_coef x value loss; here the critic has
+    # its own AdamW, which a constant scale of its loss does not change (only whether max_grad_norm clips), so a
+    # value set here would change nothing the user meant. Kept (at 0.5) for configs and cache keys that name it.
+    vf_coef: float = Field(0.5, description="the value loss's weight: fixed at 0.5, as the critic has its own "
+                           "optimiser (Adam ignores a constant scale of its loss): tune critic_lr instead")
     clip_vloss: bool | None = Field(
         None, description="value-loss clipping (Part I: value function loss clipping)" + _preset_note("clip_vloss")
     )
@@ -809,6 +813,15 @@ class PPOConfig(StrictModel):
         "DeepSpeed JSON config (fp32, no optimizer or scheduler section). The same steps as plain data "
         "parallelism; a checkpoint resumes on as many ranks",
     )
+
+    @field_validator("vf_coef")
+    @classmethod
+    def _vf_coef_is_fixed(cls, value: float) -> float:
+        if value != 0.5:
+            raise ValueError(f"{value} would change nothing: the critic has its own AdamW, which a constant weight "
+                             "of its loss does not move (CleanRL's vf_coef weighs the value loss in one shared "
+                             "optimiser); tune ppo.critic_lr, and leave vf_coef at 0.5 or out")
+        return value
 
     @property
     def steps_per_iteration(self) -> int:

@@ -294,6 +294,8 @@ def test_judged_prompts_are_bounded_by_the_worlds_held_out_prompts_only_when_the
      "(3) exceeds the 2 distinct responses per prompt the generation plan gives the policy"),
     (["generation.backend=vllm", "generation.num_processes=2"], "generation.backend 'vllm' runs in one process"),
     (["evaluation.cache_file=/tmp/j.sqlite"], "must be a path relative to the workdir"),  # written outside the roots
+    # CleanRL's value-loss weight: the critic's own AdamW ignores it (a review measured 0.5 and 5.0: the same run)
+    (["ppo.vf_coef=1.0"], "would change nothing: the critic has its own AdamW"),
     (["sampling.tagger.cache_file=../tags.jsonl"], "must be a path relative to the workdir"),
 ])
 def test_settings_that_failed_only_stages_later_are_refused_when_the_config_is_read(overrides, message):

@@ -43,3 +43,17 @@ def test_agreement_between_judges():
     assert math.isnan(agreement([], []))
     with pytest.raises(ValueError, match="not the same pairs"):
         agreement(["win"], ["win", "tie"])
+
+
+def test_the_interval_is_the_levels_and_the_point_is_the_sample_value():
+    """A 90 % interval read at the 10 % / 90 % quantiles was reported as 95 % and passed (at 5/10 the 2.5 % and 5 %
+    quantiles coincide); the point of a skewed mean is the sample mean, not the bootstrap's median; n counts the
+    verdicts, not their kinds."""
+    from rlhf_core.judge.stats import bootstrap_mean
+
+    # Binomial(10, 0.5) / 10: P(<= 0.2) = 0.055, P(<= 0.3) = 0.17: the 5 % quantile is 0.2, the 10 % one 0.3
+    assert bootstrap_rates(["win"] * 5 + ["lose"] * 5, n_boot=20000, seed=3, level=0.9)["win"] == (0.5, 0.2, 0.8)
+    skewed = [0.1, 0.2, 0.3, 0.5, 0.7, 1.1, 1.3, 2.9, 50.3]  # the bootstrap means' median is 6.3 here
+    mean, lo, hi = bootstrap_mean([*skewed, float("nan")], n_boot=20000, seed=3, level=0.9)
+    assert mean == pytest.approx(57.4 / 9) and lo < mean < hi
+    assert verdict_metrics(["win", "win", "lose"])["n"] == 3

@@ -312,6 +312,7 @@ def test_vote_finds_the_swapped_labels(init_dir):
     assert sum(metrics[f"share_{b}"] for b in ("incorrect", "ambiguous", "normal")) == pytest.approx(1.0)
     assert 0.5 <= metrics["sign_agreement"] <= 1.0
     assert metrics["share_at_max_length"] == 0.0  # rows far under 64 tokens
+    np.testing.assert_allclose(votes["z"], votes["mean"] / metrics["strength_scale"])  # what denoise reads
     # the voters' rows cut to max_length are reported as the reward stage's are (they flipped labels blind)
     cut = cfg.model_copy(update={"n_models": 2, "train": cfg.train.model_copy(update={"max_length": 8, "epochs": 1})})
     assert vote(init_dir, pairs.iloc[:16], cut, seed=0)[1]["share_at_max_length"] == 1.0
@@ -523,6 +524,19 @@ def test_denoise_methods_follow_part_two():
     np.testing.assert_allclose(soft["soft_label"], [0.8 * q + 0.2 * (1 - q), 0.74, 1.0, 0.5])
     np.testing.assert_allclose(soft["margin"], [-0.5, 0.025, 1.0, 0.0])
     assert all(r["soft_label"][3] == 0.5 and not r["flipped"][3] for r in run.values())
+
+
+def test_soft_labels_read_strength_in_scale_units_a_missing_label_is_one_and_a_tie_is_one_half():
+    """Branches the tests above leave open (each survived a mutation): q = sigmoid(mean / scale), not sigmoid(mean);
+    a NaN soft label (an import without one) is the label itself, 1; a tie is 0.5 whatever its soft label says."""
+    pairs = make_pairs(3)
+    pairs["tie"] = [False, False, True]
+    pairs["soft_label"] = [np.nan, 1.0, 1.0]
+    out = denoise(pairs, _votes_for(pairs, [-1.0, 2.0, -3.0], scale=2.0), DenoiseConfig(method="soft_label_margin"))[0]
+    q = 1 / (1 + math.exp(0.5))  # sigmoid(-1 / 2)
+    np.testing.assert_allclose(out["soft_label"], [q, 1.0, 0.5])
+    base = denoise(pairs, _votes_for(pairs, [-1.0, 2.0, -3.0], scale=2.0), DenoiseConfig(method="baseline"))[0]
+    np.testing.assert_allclose(base["soft_label"], [1.0, 1.0, 0.5])
 
 
 def test_denoise_rejects_mismatched_pair_ids():

@@ -135,3 +135,22 @@ def test_prompt_sampling_keeps_the_answers_distribution():
         return 0.5 * float(a.sub(b, fill_value=0).abs().sum())  # total variation distance
 
     assert skew(result_tags=False) < 0.05 < 0.15 < skew(result_tags=True)
+
+
+def test_gold_eval_pairs_pair_each_prompts_samples_in_order_with_gold_deciding(monkeypatch):
+    """The pairs behind reward/gold_accuracy_heldout: samples 0-1, 2-3, ... of each prompt, the gold winner chosen,
+    gold ties dropped (a dropped last pair and a chosen side ignoring gold both passed every test)."""
+    from rlhf_core.sim import metrics
+    from rlhf_core.sim.world import gold_score
+
+    prompts = ["What is 2+3?", "What is 4-1? Be polite."]
+    texts = {0: [" It is 5.", " It is 8."], 1: [" It is 7.", " It is 3."],
+             2: [" It is 5.", " It is 3."], 3: [" It is 5.", " It is 9."]}  # sample k: per prompt
+    monkeypatch.setattr(metrics, "policy_samples", lambda policy_dir, prompts_, seeds, max_new_tokens: [
+        texts[k] for k in range(len(seeds))])
+    pairs = metrics.gold_eval_pairs("unused", prompts, seed=0, samples_per_prompt=4)
+    # prompt 0: (5 vs 7) and (5 vs 5: a tie, dropped); prompt 1: (8 vs 3: the second wins) and (3 vs 9)
+    assert list(pairs.itertuples(index=False, name=None)) == [
+        (prompts[0], " It is 5.", " It is 7."), (prompts[1], " It is 3.", " It is 8."),
+        (prompts[1], " It is 3.", " It is 9.")]
+    assert all(gold_score(p, c) > gold_score(p, r) for p, c, r in pairs.itertuples(index=False, name=None))
