@@ -91,37 +91,31 @@ UrlWithoutCredentials = Annotated[str | None, AfterValidator(no_credentials_in_u
                                   Field(json_schema_extra={"pattern": URL_SCHEMA_PATTERN})]
 
 
-# The shapes of common API keys (OpenAI sk-/sk-proj-, Anthropic sk-ant-, Groq gsk_, Hugging Face hf_, xAI xai-): no
-# config value is one, and every value goes to MLflow params, manifests and Prefect's run parameters.
-KEY_SHAPE = re.compile(r"(?<![A-Za-z0-9])(?:sk|gsk|hf|xai)[-_]([A-Za-z0-9_-]{16,})(?![A-Za-z0-9_-])")
-# A file or directory name is not one (hf_ultrafeedback_binarized.jsonl, models/hf_smollm2_135m/): a name is followed
-# by "/" or an extension, and is made of words, where a key's random body mixes upper case, lower case and digits (a
-# key in a URL's path, /sk-proj-.../v1, or pasted with a full stop after it, is still one)
-NAME_FOLLOWS = re.compile(r"/|\.[A-Za-z0-9]{1,10}(?![A-Za-z0-9])")
-RANDOM_BODY = re.compile(r"(?=.*[A-Z])(?=.*[a-z])(?=.*[0-9])")
-# What the deployment's parameter schema refuses in every string (`StrictModel`'s json_schema_extra): the Prefect
-# server then refuses a key typed into any field of a run's form before it stores the run's parameters. One pattern
-# cannot tell names by what follows, so it takes random bodies only (every key shape above has one).
-KEY_SCHEMA_PATTERN = (r"(?<![A-Za-z0-9])(?:sk|gsk|hf|xai)[-_](?=[A-Za-z0-9_-]*[A-Z])(?=[A-Za-z0-9_-]*[a-z])"
-                      r"(?=[A-Za-z0-9_-]*[0-9])[A-Za-z0-9_-]{16,}")
-
-
-def _is_key(match: re.Match) -> bool:
-    return RANDOM_BODY.match(match.group(1)) is not None or NAME_FOLLOWS.match(match.string, match.end()) is None
+# The shapes of common API keys (OpenAI sk-/sk-proj-, Anthropic sk-ant-, DeepSeek sk-, Groq gsk_, Hugging Face hf_,
+# xAI xai-): no config value is one, and every value goes to MLflow params, manifests and Prefect's run parameters. A
+# key's body is random: a run of 16 or more letters and digits mixing upper and lower case, or of 24 or more lower-case
+# letters and digits (hex). A name is made of words: hf_ultrafeedback_binarized.jsonl, models/hf_SmolLM2-135M-Instruct
+# are none, and a key is one wherever it stands (a URL's path, /sk-proj-.../v1; a full stop after it). The same pattern
+# is the deployment's schema's (`StrictModel`'s json_schema_extra), so the Prefect server refuses a key typed into any
+# field of a run's form before it stores the run's parameters.
+RANDOM_RUN = (r"(?:(?=[A-Za-z0-9]*[A-Z])(?=[A-Za-z0-9]*[a-z])[A-Za-z0-9]{16,}"
+              r"|(?=[a-z0-9]*[0-9])(?=[a-z0-9]*[a-z])[a-z0-9]{24,})")
+KEY_PATTERN = r"(?<![A-Za-z0-9])(?:sk|gsk|hf|xai)[-_][A-Za-z0-9_-]*?" + RANDOM_RUN
+KEY_SHAPE = re.compile(KEY_PATTERN)
 
 
 def holds_key(value: Any) -> bool:
     """A string that looks like an API key, or a list / tuple holding one (annotation.exports, a tag vocabulary)."""
     items = value if isinstance(value, (list, tuple)) else [value]
-    return any(isinstance(item, str) and any(_is_key(m) for m in KEY_SHAPE.finditer(item)) for item in items)
+    return any(isinstance(item, str) and KEY_SHAPE.search(item) for item in items)
 
 
 def _refuse_keys_in_schema(schema: dict[str, Any], model: type) -> None:
     """Every string property of a config model's JSON schema (an optional one's string branch, a list's items) gets
-    `not: {pattern: KEY_SCHEMA_PATTERN}`; enums are left alone."""
+    `not: {pattern: KEY_PATTERN}`; enums are left alone."""
     def refuse(node: dict[str, Any]) -> None:
         if node.get("type") == "string" and "enum" not in node and "const" not in node:
-            node["not"] = {"pattern": KEY_SCHEMA_PATTERN}
+            node["not"] = {"pattern": KEY_PATTERN}
         for branch in node.get("anyOf", []):
             refuse(branch)
         if isinstance(node.get("items"), dict):

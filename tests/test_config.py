@@ -319,12 +319,16 @@ def test_a_key_pasted_into_any_config_value_is_refused_unshown():
                                          "sk-learn_style_rankings_v2.csv]",
                                          "sampling.tagger.cache_file=hf_ultrafeedback_tag_cache.jsonl"])
     assert named.annotation.exports == ("exports/hf_ultrafeedback_binarized.jsonl", "sk-learn_style_rankings_v2.csv")
-    # but a key in a URL's path, or pasted with a full stop after it, is still one: its body is random
+    named = load_config(None, overrides=["policy_model.pretrained=models/hf_SmolLM2-135M-Instruct"])  # words
+    assert named.policy_model.pretrained == "models/hf_SmolLM2-135M-Instruct"
+    # but a key in a URL's path, or pasted with a full stop after it, is still one: its body is random (a DeepSeek
+    # key's lower-case hex too)
     for item in ("evaluation.http.base_url=https://gateway.example.com/sk-proj-AbCdEfGhIjKlMnOpQrStUv123456/v1",
-                 "evaluation.http.model=sk-proj-AbCdEfGhIjKlMnOpQrStUv123456."):
+                 "evaluation.http.model=sk-proj-AbCdEfGhIjKlMnOpQrStUv123456.",
+                 "evaluation.http.model=sk-0123456789abcdef0123456789abcdef"):
         with pytest.raises(ConfigError, match="looks like an API key") as err:
             load_config(None, overrides=[item])
-        assert "AbCdEf" not in str(err.value)
+        assert "AbCdEf" not in str(err.value) and "89abcdef" not in str(err.value)
 
 
 def test_a_malformed_override_names_its_key_never_its_value():
