@@ -277,3 +277,15 @@ def test_malformed_tasks_and_annotations_are_quarantined():
 def test_a_pairwise_choice_that_is_not_a_string_is_quarantined_not_a_crash(selected):
     annotations, quarantine = import_label_studio([_task(1, "r1", "r2", "p1", [_ann(1, 7, selected)])], RESPONSES)
     assert annotations.empty and quarantine["reason"].tolist() == ["no_choice"]
+
+
+def test_label_studio_tasks_of_the_rounds_responses_import_as_the_simulated_crowds_do():
+    """The README's recipe: make_comparison_tasks, then label_studio_tasks, labelled in Label Studio: its rows had
+    other field names (response_a_id, ...) than the import reads, and every judgement was quarantined."""
+    from rlhf_core.annotation.tasks import label_studio_tasks
+
+    tasks = make_comparison_tasks(RESPONSES.iloc[[0, 1, 3, 4]], pairs_per_prompt=1, seed=0)
+    export = [task | {"id": i, "annotations": [_ann(i, 7, "left")]} for i, task in enumerate(label_studio_tasks(tasks))]
+    result = import_label_studio_export(json.loads(json.dumps(export)), RESPONSES)
+    assert len(result.quarantine) == 0 and len(result.annotations) == 2
+    assert result.annotations["response_a_id"].tolist() == tasks["response_a_id"].tolist()

@@ -146,3 +146,14 @@ def test_a_model_path_that_holds_no_causal_lm_is_refused_with_the_config(layout)
                     {"evaluation": {"judge": "local", "local": {"model_path": "data/encoder"}}}):
         with pytest.raises(ValueError, match=r"is a 'bert' model \(BertModel\), not a causal LM"):
             check_config_paths(parse_config(section))
+    # a causal LM whose class AutoModelForCausalLM maps under another suffix (Gemma 3 4B-27B) is one
+    from transformers import Gemma3Config
+
+    gemma = layout / "project" / "data" / "gemma"
+    Gemma3Config(architectures=["Gemma3ForConditionalGeneration"]).save_pretrained(gemma)
+    models.build_tokenizer().save_pretrained(gemma)
+    check_config_paths(parse_config({"policy_model": {"pretrained": "data/gemma"}}))
+    (layout / "project" / "data" / "tags").mkdir()  # a vocabulary "file" that is a directory: one line, no traceback
+    with pytest.raises(PathNotAllowedError, match="vocabulary_file: .* is a directory; give the file of tags"):
+        check_config_paths(parse_config({"sampling": {"tagger": {"source": "embedding",
+                                                                 "vocabulary_file": "data/tags"}}}))

@@ -219,9 +219,13 @@ def _score_units(scores: pd.DataFrame) -> pd.Series:
     if scores.empty:
         return pd.Series([], dtype=object, index=scores.index)
     scale = _scales(scores)
-    ranked = (scores.assign(scale=scale).groupby(["annotator", "scale"])["response_id"]
-              .transform(lambda ids: " ".join(sorted(set(ids)))))
-    return scores["response_id"].where(scale == "", scores["response_id"] + " in " + ranked)
+    units = scores["response_id"].copy()
+    in_ranking = scale != ""  # single scores keep their response id (joining an annotator's ratings grew as n^2)
+    if in_ranking.any():
+        ranked = (scores[in_ranking].assign(scale=scale[in_ranking]).groupby(["annotator", "scale"])["response_id"]
+                  .transform(lambda ids: " ".join(sorted(set(ids)))))
+        units[in_ranking] = scores.loc[in_ranking, "response_id"] + " in " + ranked
+    return units
 
 
 def percent_agreement(units: Iterable[Sequence]) -> float:

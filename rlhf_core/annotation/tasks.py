@@ -37,3 +37,17 @@ def make_comparison_tasks(responses: pd.DataFrame, pairs_per_prompt: int, seed: 
             )
     return pd.DataFrame(rows, columns=["task_id", "prompt_id", "prompt", "response_a_id", "response_a",
                                        "response_b_id", "response_b"])
+
+
+def label_studio_task_data(task) -> dict[str, str]:
+    """One comparison task (a row of `make_comparison_tasks`) as a Label Studio task's `data`: the texts the pairwise
+    template shows ($prompt, $answer1, $answer2) and the ids the import joins its judgement on."""
+    return {"prompt": task.prompt, "answer1": task.response_a, "answer2": task.response_b, "task_id": task.task_id,
+            "prompt_id": task.prompt_id, "answer1_id": task.response_a_id, "answer2_id": task.response_b_id}
+
+
+def label_studio_tasks(tasks: pd.DataFrame) -> list[dict]:
+    """Label Studio's import JSON for `make_comparison_tasks`' rows (json.dump it, then import it into a project
+    with the pairwise template of rlhf_core/sim/annotators.py's docstring)."""
+    return [{"data": label_studio_task_data(task)} for task in tasks.itertuples(index=False)]
+

@@ -132,8 +132,9 @@ def check_loadable(path: Path, field: str) -> None:
         ) from err
     # the saved architecture too: BERT's type has a causal-LM class, but a sentence encoder's weights are no LM
     heads = config.architectures or []
+    causal = {*MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values()}  # Gemma 3's is ...ForConditionalGeneration
     if config.model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES or (
-            heads and not any(a.endswith(("ForCausalLM", "LMHeadModel")) for a in heads)):
+            heads and not any(a in causal or a.endswith(("ForCausalLM", "LMHeadModel")) for a in heads)):
         raise GenerationInputError(
             f"{field}: {path} is a {config.model_type!r} model ({', '.join(heads) or 'no architecture saved'}), not "
             "a causal LM; give a model that AutoModelForCausalLM loads"

@@ -30,6 +30,7 @@ from datetime import datetime, timedelta, timezone
 
 import pandas as pd
 
+from rlhf_core.annotation.tasks import label_studio_task_data
 from rlhf_core.config import WorldConfig
 from rlhf_core.sim.world import GOLD_TIE, gold_score
 
@@ -112,15 +113,7 @@ def simulate_label_studio_export(tasks: pd.DataFrame, cfg: WorldConfig, seed: in
         export.append(
             {
                 "id": i,
-                "data": {
-                    "prompt": row.prompt,
-                    "answer1": row.response_a,
-                    "answer2": row.response_b,
-                    "task_id": row.task_id,
-                    "prompt_id": row.prompt_id,
-                    "answer1_id": row.response_a_id,
-                    "answer2_id": row.response_b_id,
-                },
+                "data": label_studio_task_data(row),
                 "annotations": annotations,
                 "predictions": [],
                 "meta": {},
