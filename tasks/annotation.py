@@ -127,8 +127,8 @@ def no_pairs_message(quarantine: pd.DataFrame, report: dict) -> str:
     return (f"the annotation exports gave no comparison pair to train on: {int(report['accepted'])} of "
             f"{int(report['input_rows'])} rows accepted, {int(report['quarantined'])} quarantined"
             + (f" ({reasons})" if reasons else "") + ". Check the exports against annotation.format and "
-            "the pairing settings (annotation.aggregate, pair_mode, min_score_gap, ties; README, \"Real annotations\"), "
-            "or export again")
+            "the pairing settings (annotation.aggregate, pair_mode, min_score_gap, ties; README, \"Real "
+            "annotations\"), or export again")
 
 
 def _quarantine_artifact(quarantine: pd.DataFrame, report: dict) -> None:

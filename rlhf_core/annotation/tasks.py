@@ -50,4 +50,3 @@ def label_studio_tasks(tasks: pd.DataFrame) -> list[dict]:
     """Label Studio's import JSON for `make_comparison_tasks`' rows (json.dump it, then import it into a project
     with the pairwise template of rlhf_core/sim/annotators.py's docstring)."""
     return [{"data": label_studio_task_data(task)} for task in tasks.itertuples(index=False)]
-

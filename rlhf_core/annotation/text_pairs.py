@@ -324,7 +324,8 @@ def detect_format(path: str | Path, kind: Callable[[dict], str | None] = _kind,
     """The format of a JSONL file of text pairs, told by the first of its first DETECT_LINES
     JSON-object lines that fits one: "prompt" a list → "trl_messages", a string → "trl";
     no "prompt" but "chosen" and "rejected" strings → "hh". None fits: ImportFormatError (a ValueError) naming
-    `formats` (and, for rows of chosen / rejected message lists without a prompt, what to do). `kind`: another line classifier (the importer's also knows score-table rows).
+    `formats` (and, for rows of chosen / rejected message lists without a prompt, what to do). `kind`: another line
+    classifier (the importer's also knows score-table rows).
     """
     seen: list[list[str]] = []
     for _, line in _lines(Path(path)):
