@@ -97,6 +97,8 @@ def test_bad_deepspeed_settings_are_refused_with_the_reason():
     zero2 = json.loads((INFRA / "deepspeed" / "zero2.json").read_text())
     fitted = engine_config(zero2, max_grad_norm=0.5)
     assert (fitted["gradient_clipping"], fitted["gradient_accumulation_steps"]) == (0.5, 1)
+    # a user's train_batch_size would contradict micro batch 1 x ranks (DeepSpeed refuses the mismatch): dropped
+    assert "train_batch_size" not in engine_config(zero2 | {"train_batch_size": 32}, 1.0)
     with pytest.raises(ValueError, match="PPO brings its own AdamW"):
         engine_config(zero2 | {"optimizer": {"type": "Adam"}}, 1.0)
     scalar = nn.Module()

@@ -333,6 +333,7 @@ def test_out_of_fold_votes_come_only_from_voters_that_did_not_train_on_the_pair(
     fold = fold_of_pairs(pairs["pair_id"], 2, seed=0)
     assert sorted(np.bincount(fold).tolist()) == [30, 30]  # balanced
     np.testing.assert_array_equal(fold, fold_of_pairs(pairs["pair_id"], 2, seed=0))  # seeded
+    assert not np.array_equal(fold, fold_of_pairs(pairs["pair_id"], 2, seed=1))  # and shuffled by the seed
     cfg = VotingConfig(n_models=4, scheme="out_of_fold", folds=2,
                        train=RewardTrainConfig(read="end_token", epochs=2, batch_size=16, lr=3e-3, max_length=64))
     votes, metrics = vote(init_dir, pairs, cfg, seed=0)
@@ -389,6 +390,22 @@ def test_fast_mode_votes_with_heads_over_one_trunk(init_dir):
     assert negative[swapped].mean() >= 0.75 and negative[~swapped].mean() <= 0.1
     with pytest.raises(ValueError, match="in_sample"):
         vote(init_dir, pairs, VotingConfig(n_models=2, mode="fast", scheme="out_of_fold"), seed=0)
+
+
+def test_fast_mode_trains_with_the_margin_and_label_smoothing_it_is_given(init_dir):
+    """The shared trunk's loss reads the margin column (gap - margin: the heads push each gap past it) and label
+    smoothing (targets pulled to 1/2: smaller gaps); a sign flipped or the smoothing skipped passed every test."""
+    from rlhf_core.reward.voting import shared_trunk_diffs
+
+    pairs = make_pairs(48, seed=6)
+    train = RewardTrainConfig(read="end_token", epochs=1, batch_size=16, lr=3e-3, max_length=64)  # gaps under 3
+    fast = VotingConfig(n_models=2, mode="fast", train=train)
+    plain, _ = shared_trunk_diffs(init_dir, pairs, fast, seed=0)
+    widened, _ = shared_trunk_diffs(init_dir, pairs.assign(margin=3.0), fast, seed=0)
+    smoothed, _ = shared_trunk_diffs(init_dir, pairs, fast.model_copy(update={
+        "train": train.model_copy(update={"label_smoothing": 0.3})}), seed=0)
+    assert widened.mean() > plain.mean() + 0.05  # measured 0.89 vs 0.80 (gap + margin: 0.76)
+    assert np.abs(smoothed).mean() < np.abs(plain).mean() - 0.05  # measured 0.68 vs 0.81
 
 
 def test_fast_mode_heads_learn_only_from_the_pairs_their_bootstrap_weights_give_them(init_dir, monkeypatch):
