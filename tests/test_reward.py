@@ -88,6 +88,7 @@ def test_preference_loss_is_bradley_terry_by_default():
     assert metrics["reward_gap"] == pytest.approx(1.3 / 3)
     assert metrics["reward_chosen"] == pytest.approx(1.3 / 3)
     assert metrics["reward_rejected"] == pytest.approx(0.0)
+    assert preference_loss(torch.zeros(2), torch.zeros(2))[1]["accuracy"] == 0.0  # a tie ranks nothing right
 
 
 def test_preference_loss_with_margin_and_soft_label():
@@ -313,6 +314,7 @@ def test_vote_finds_the_swapped_labels(init_dir):
     assert 0.5 <= metrics["sign_agreement"] <= 1.0
     assert metrics["share_at_max_length"] == 0.0  # rows far under 64 tokens
     np.testing.assert_allclose(votes["z"], votes["mean"] / metrics["strength_scale"])  # what denoise reads
+    assert metrics["mean_std"] == pytest.approx(votes["std"].mean())
     # the voters' rows cut to max_length are reported as the reward stage's are (they flipped labels blind)
     cut = cfg.model_copy(update={"n_models": 2, "train": cfg.train.model_copy(update={"max_length": 8, "epochs": 1})})
     assert vote(init_dir, pairs.iloc[:16], cut, seed=0)[1]["share_at_max_length"] == 1.0
@@ -541,6 +543,10 @@ def test_denoise_methods_follow_part_two():
     np.testing.assert_allclose(soft["soft_label"], [0.8 * q + 0.2 * (1 - q), 0.74, 1.0, 0.5])
     np.testing.assert_allclose(soft["margin"], [-0.5, 0.025, 1.0, 0.0])
     assert all(r["soft_label"][3] == 0.5 and not r["flipped"][3] for r in run.values())
+    margins = denoise(pairs, votes, DenoiseConfig(method="margin"))[1]  # signed: -0.5, 0.025, 1.0, 0.0
+    assert (margins["mean_margin"], margins["margin_abs_mean"]) == pytest.approx((0.13125, 0.38125))
+    tied = pairs.iloc[:2].assign(tie=[True, False])  # both ambiguous (0.05): only the untied one is smoothed
+    assert denoise(tied, _votes_for(tied, [0.05, 0.05]), DenoiseConfig(method="flip"))[1]["n_smoothed"] == 1
 
 
 def test_soft_labels_read_strength_in_scale_units_a_missing_label_is_one_and_a_tie_is_one_half():
