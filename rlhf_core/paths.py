@@ -107,8 +107,6 @@ def check_vocabulary_file(key: str, path: Path) -> None:
     failed there, after the world and SFT stages, with a traceback)."""
     from rlhf_core.sampling.embedding import load_vocabulary, vocabulary_tags
 
-    if not path.is_file():
-        raise PathNotAllowedError(f"{key}: {path} is a directory; give the file of tags (one tag per line)")
     try:
         vocabulary_tags(load_vocabulary(path))
     except (ValueError, OSError) as err:  # UnicodeDecodeError is a ValueError

@@ -176,10 +176,16 @@ def text_field(obj: dict, name: str, where: str = "data") -> str:
     return check_unicode(value, f"{where}.{name}")
 
 
+def comparable_text(text: str) -> str:
+    """A text (or id) as a reader compares it: NFC Unicode form, no surrounding spaces (exports and editors change
+    both without a word)."""
+    return unicodedata.normalize("NFC", text).strip()
+
+
 def check_response(response_id: str, prompt_id: str, known: dict[str, str]) -> None:
     """Raise Rejected unless `response_id` is a known response to `prompt_id` (known: response -> prompt)."""
     if response_id not in known:
-        near = unicodedata.normalize("NFC", response_id).strip()
+        near = comparable_text(response_id)
         hint = f" (the artifact has {near!r}: the export changed its spaces or Unicode form)" if near in known else ""
         raise Rejected("unknown_response", f"response id {response_id!r} is not in the responses artifact{hint}")
     if known[response_id] != prompt_id:
@@ -292,10 +298,6 @@ SHOWN_TEXTS = {"pairwise": (("answer1_id", "answer1"), ("answer2_id", "answer2")
                "rating": (("response_id", "response"),), "ranker": (("id", "text"), ("id", "body"))}
 
 
-def _comparable(text: str) -> str:
-    return unicodedata.normalize("NFC", text).strip()
-
-
 def check_texts_shown(template: str, data: dict, texts: dict[str, str]) -> None:
     """Raise text_mismatch when the task shows, for a response id, another text than `texts` (response_id ->
     text) holds for it; fields the task lacks are not checked."""
@@ -303,11 +305,12 @@ def check_texts_shown(template: str, data: dict, texts: dict[str, str]) -> None:
     for holder in holders if isinstance(holders, list) else []:
         for id_field, text_field_name in SHOWN_TEXTS[template]:
             shown, response_id = holder.get(text_field_name), holder.get(id_field)
-            if isinstance(shown, str) and response_id in texts and _comparable(shown) != _comparable(
-                    texts[response_id]):
-                ours = _comparable(texts[response_id])
+            if not isinstance(shown, str) or response_id not in texts:
+                continue
+            shown, ours = comparable_text(shown), comparable_text(texts[response_id])
+            if shown != ours:
                 raise Rejected("text_mismatch", f"the task shows another text for {response_id} than the responses "
-                               f"artifact holds ({_comparable(shown)[:40]!r} vs {ours[:40]!r})"
+                               f"artifact holds ({shown[:40]!r} vs {ours[:40]!r})"
                                ": the responses were generated again under the same ids since the tasks were made; "
                                "import the export against the generate artifact that made its tasks (rlhf stage "
                                "import_annotations --input), or set annotation.match_texts false if the tasks show "

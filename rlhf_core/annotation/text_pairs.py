@@ -62,7 +62,6 @@ import hashlib
 import json
 import os
 import tempfile
-import unicodedata
 import zlib
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -75,7 +74,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from rlhf_core.annotation.label_studio import QUARANTINE_COLUMNS, ImportFormatError
+from rlhf_core.annotation.label_studio import QUARANTINE_COLUMNS, ImportFormatError, comparable_text
 from rlhf_core.annotation.pairs import comparison_pair_id
 from rlhf_core.schemas import TABLES, SchemaError, validate_table
 
@@ -286,7 +285,7 @@ def _parse(line: bytes, fmt: str, max_field_chars: int) -> tuple[dict[str, str],
         if len(text) > max_field_chars:
             detail = f"{name!r} has {len(text)} characters > max_field_chars={max_field_chars}"
             raise _Rejected("oversized_field", detail)
-    if unicodedata.normalize("NFC", chosen).strip() == unicodedata.normalize("NFC", rejected).strip():
+    if comparable_text(chosen) == comparable_text(rejected):
         raise _Rejected("self_pair", "chosen == rejected (up to Unicode form and surrounding spaces)")
     return texts, _margin(obj)
 

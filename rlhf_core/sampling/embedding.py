@@ -158,6 +158,8 @@ def vocabulary_tags(vocabulary: list[str] | tuple[str, ...]) -> list[str]:
 def load_vocabulary(path: str | Path) -> list[str]:
     """Tags of a vocabulary file: UTF-8, one tag per line; blank lines and lines starting with # skipped."""
     path = Path(path)
+    if path.is_dir():
+        raise IsADirectoryError(f"{path} is a directory; give the file of tags (one tag per line)")
     if not path.is_file():
         raise FileNotFoundError(f"tag vocabulary file not found: {path} (one tag per line)")
     lines = (line.strip() for line in path.read_text(encoding="utf-8").splitlines())
