@@ -52,6 +52,7 @@ DEFAULTS = {
     "reward_label_sources": [],
     "reward_backbone_depth": ["--layers", "4"],  # the run docs/reward-modelling.md quotes
     "reward_data_budget": [],
+    "reward_holdout": [],
     "metarm_shift": [],
     "iterated_rounds": [],
     "ppo_max": [],
@@ -103,6 +104,7 @@ def smoke_argv(name: str, out: Path) -> list[str]:
                                   "--work-dir", str(own)],  # 1 layer: configs/mini.yaml's own, so the shared round
         "reward_data_budget": [*seed0_round, "--variants", "demo", "flip-type noise",
                                "--out", str(own / "reward-data-budget.md")],
+        "reward_holdout": [*seed0_round, "--fraction", "0.3", "--out", str(own / "reward-holdout.md")],
         "metarm_shift": [*seed0_round, "--etas", "0.1", "--eval-samples", "2", "--out", str(own / "metarm-shift.md")],
         "ppo_max": [*seed0_round, "--runs", *SMOKE_PPO_RUNS, "--out", str(own / "ppo-max-benchmark.md")],
         "iterated_rounds": [*seed0_round, "--out", str(own / "iterated-rounds.md")],  # round 2 after the shared one

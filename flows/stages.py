@@ -44,11 +44,11 @@ class HeavyStage:
 
 
 def _vote(ctx: RunContext, config: RoundConfig, a: Inputs, seed: int, simulated: bool) -> ArtifactRef:
-    return vote_strength(ctx, config.voting, a["pairs"], a["sft"], seed, simulated)
+    return vote_strength(ctx, config.voting, a["pairs"], a["sft"], seed, simulated, config.reward.holdout_fraction)
 
 
 def _denoise(ctx: RunContext, config: RoundConfig, a: Inputs, seed: int, simulated: bool) -> ArtifactRef:
-    return denoise_pairs(ctx, config.denoise, a["pairs"], a["vote"], simulated)
+    return denoise_pairs(ctx, config.denoise, a["pairs"], a["vote"], simulated, config.reward.holdout_fraction)
 
 
 def _reward(ctx: RunContext, config: RoundConfig, a: Inputs, seed: int, simulated: bool) -> ArtifactRef:

@@ -653,8 +653,16 @@ class RewardConfig(StrictModel):
 
     train: RewardTrainConfig = Field(RewardTrainConfig(), description="the reward model's training recipe")
     compare_baseline: bool = Field(
-        True, description="simulated world only: also train the same recipe on the raw labels and report its gold "
-        "accuracy beside the denoised model's (what voting + denoising bought)",
+        True, description="also train the same recipe on the raw labels and report its accuracy beside the denoised "
+        "model's (what voting + denoising bought): against gold on the simulated world, against the held-out "
+        "prompts' human labels when holdout_fraction > 0",
+    )
+    holdout_fraction: float = Field(
+        0.0, ge=0, lt=1, description="share of the prompts whose human-labelled pairs are kept out of voting, "
+        "denoising and reward training, and measure the reward model: reward/heldout/accuracy, its agreement with "
+        "the annotators' labels there (ties left out). A prompt's side follows a hash of its prompt_id, the same in "
+        "every round. 0 = none: on real annotations the reward model then has no measured quality (0.1 is a good "
+        "start); the simulated world measures against gold on held-out prompts either way",
     )
     num_processes: int = Field(
         1, ge=1, description="> 1: data-parallel worker ranks (accelerate; gradients summed over ranks as in PyTorch "

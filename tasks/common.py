@@ -170,7 +170,7 @@ def lock_workdir(workdir: str | Path, note: str = "", name: str = ROUND_LOCK, wh
                 raise WorkdirBusyError(f"another {what} is running in {path} ({holder}){more}: wait for it to "
                                        f"finish, or give this {what} its own workdir", holder)
             if holder != told:  # once per holder: a long wait shows in the run's log what it waits for
-                _stage_logger().info("waiting for the %s lock of %s, held by %s", what, path, holder)
+                stage_logger().info("waiting for the %s lock of %s, held by %s", what, path, holder)
                 told = holder
             time.sleep(0.5)
         f.seek(0)
@@ -270,16 +270,22 @@ def replay_metric_history(tracker: Tracker, run_id: str, path: Path) -> None:
         tracker.log_metrics(run_id, by_step[step], step)
 
 
+def holdout_key(fraction: float) -> dict[str, float]:
+    """The part of a stage's cache key that says which prompts were held out (reward.holdout_fraction): nothing
+    when none were, so rounds that hold out nothing keep the keys they had before the option existed."""
+    return {"holdout_fraction": fraction} if fraction else {}
+
+
 def warn_cut_rows(stage: str, share: float, key: str, max_length: int) -> None:
     """Warn when over 1 % of the pairs have a row of `max_length` tokens: cut from the left, the prompt's start
     lost (or exactly that long); a reward model that cannot see the question judges blind."""
     if share > 0.01:
-        _stage_logger().warning("%s: %.1f %% of the pairs have a row of %s (%d) tokens, cut from the left (the "
+        stage_logger().warning("%s: %.1f %% of the pairs have a row of %s (%d) tokens, cut from the left (the "
                                 "prompt's start lost) or exactly that long: raise %s", stage, 100 * share, key,
                                 max_length, key)
 
 
-def _stage_logger() -> logging.Logger | logging.LoggerAdapter:
+def stage_logger() -> logging.Logger | logging.LoggerAdapter:
     """The Prefect run's logger (console and the UI's log view) inside a run, else the module's."""
     try:
         from prefect.logging import get_run_logger
@@ -399,7 +405,7 @@ def run_stage(
         tracker.log_model_inputs(run_id, [ref.digest for ref in inputs.values() if ref.kind in MODEL_KINDS])
         hit = store.lookup(key)
         if hit is not None:
-            _stage_logger().info("stage %s: served from the cache (%s %s, stage version %s)%s", stage, hit.kind,
+            stage_logger().info("stage %s: served from the cache (%s %s, stage version %s)%s", stage, hit.kind,
                                  hit.digest[:12], version, _execution_note(execution))
             tracker.set_tags(run_id, {"rlhf.cache": "hit", "rlhf.output": f"{hit.kind}:{hit.digest}",
                                       "rlhf.output_path": hit.path})
@@ -421,9 +427,9 @@ def run_stage(
         start = time.time()
         scratch = Path(ctx.workdir) / SCRATCH / f"{stage}-{key[:16]}"
         resuming = " (resuming from its scratch directory)" if scratch.exists() else ""
-        _stage_logger().info("stage %s: running%s", stage, resuming)
+        stage_logger().info("stage %s: running%s", stage, resuming)
         # the progress lines of work done in this process, when not on a terminal, go to the run's log (the UI's)
-        logger = _stage_logger()
+        logger = stage_logger()
         with store.staging() as staged, lines_to(lambda line: logger.info("%s", line)):  # the task run names the stage
             freeze_long_lived_objects()
             metrics = dict(produce(staged, StageRun(tracker, run_id, scratch, plots)))
@@ -440,7 +446,7 @@ def run_stage(
         _log_outputs(store, tracker, run_id, ref, metrics, register_as)
         tracker.end_run(run_id)
         _publish_stage(stage, ctx, ref, metrics, cached=False, run_id=run_id)
-        _stage_logger().info("stage %s: done in %.0f s (%s %s)", stage, metrics["time/stage_seconds"], ref.kind,
+        stage_logger().info("stage %s: done in %.0f s (%s %s)", stage, metrics["time/stage_seconds"], ref.kind,
                              ref.digest[:12])
         return ref
     except BaseException as err:

@@ -31,7 +31,7 @@ from rlhf_core.judge.prompt import criteria_text, grading_criteria_text
 from rlhf_core.judge.prompt_sets import load_prompt_set
 from rlhf_core.schemas import read_table, write_table
 from rlhf_core.sim.world import gold_score
-from tasks.common import RunContext, StageRun, _stage_logger, in_prefect_run, run_stage
+from tasks.common import RunContext, StageRun, stage_logger, in_prefect_run, run_stage
 from tasks.tracking import PYFUNC_FILES
 from tasks.plots import verdict_bars_with_intervals
 from tasks.ppo import reward_scorer
@@ -178,7 +178,7 @@ def evaluate(ctx: RunContext, cfg: EvalConfig, candidate: ArtifactRef, baseline:
     # an opt-in set is read now: its prompts' digest joins the cache key (a package upgrade is a new stage run)
     prompts = None if simulated else load_prompt_set(cfg.prompt_set, cfg.prompt_source).iloc[: cfg.n_prompts]
     if prompts is not None and len(prompts) < cfg.n_prompts:  # said, not silently fewer
-        _stage_logger().info("evaluation: the prompt set %s holds %d prompts, fewer than evaluation.n_prompts (%d): "
+        stage_logger().info("evaluation: the prompt set %s holds %d prompts, fewer than evaluation.n_prompts (%d): "
                              "all of them are judged", cfg.prompt_set, len(prompts), cfg.n_prompts)
 
     def produce(out: Path, run: StageRun) -> dict[str, float]:
@@ -228,7 +228,7 @@ def evaluate(ctx: RunContext, cfg: EvalConfig, candidate: ArtifactRef, baseline:
         return ref
     metrics = ctx.store.manifest(ref).metrics
     if (unread := metrics.get("eval/judge/unparsed_share", 0.0)) >= UNREAD_WARNING:
-        _stage_logger().warning(unread_verdicts_warning(unread, cfg.judge))
+        stage_logger().warning(unread_verdicts_warning(unread, cfg.judge))
     if in_prefect_run():
         _publish_headline(headline(metrics, cfg, baseline_name), ctx.round_name, baseline_name)
     return ref

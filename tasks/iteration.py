@@ -26,7 +26,7 @@ from pydantic import BaseModel, Field, TypeAdapter, ValidationError
 from rlhf_core.artifacts import ArtifactRef, ArtifactStore, atomic_write_text
 from rlhf_core.config import ConfigError, IterationConfig, RoundConfig
 from rlhf_core.schemas import read_table, write_table
-from tasks.common import RunContext, StageRun, _stage_logger, run_stage
+from tasks.common import RunContext, StageRun, stage_logger, run_stage
 from tasks.promotion import judged_win_rate
 from tasks.world import POOL_FIELDS, SFT_FIELDS
 
@@ -84,7 +84,7 @@ def stop_reason(ctx: RunContext, cfg: IterationConfig, vs_previous: ArtifactRef)
     ctx.tracker.set_tags(ctx.parent_run_id, {"rlhf.iteration.stop": "yes" if reason else "no"}
                          | ({"rlhf.iteration.stop_reason": reason} if reason else {}))
     if reason:
-        _stage_logger().warning("iterated rounds stop after this round: %s", reason)
+        stage_logger().warning("iterated rounds stop after this round: %s", reason)
     return reason
 
 
@@ -236,7 +236,7 @@ def series_start(workdir: str | Path, name: str, round_no: int, resolve: Callabl
     pinned = started.get(name)
     if (pinned is not None and pinned.round_no == round_no and Path(pinned.policy.path).is_dir()
             and pinned.made_for in (None, made_for)):
-        _stage_logger().info("round %s #%d starts where it first started: %s %s (%s)", name, round_no,
+        stage_logger().info("round %s #%d starts where it first started: %s %s (%s)", name, round_no,
                              pinned.policy.kind, pinned.policy.digest[:12], pinned.source)
         return pinned.policy, pinned.source
     policy, source = resolve()
@@ -269,7 +269,7 @@ def _started_rounds(workdir: str | Path) -> dict[str, StartedRound]:
     try:
         return TypeAdapter(dict[str, StartedRound]).validate_json(path.read_text()) if path.is_file() else {}
     except (OSError, ValueError):
-        _stage_logger().warning("%s does not read: the rounds' starts are resolved again and it is rewritten", path)
+        stage_logger().warning("%s does not read: the rounds' starts are resolved again and it is rewritten", path)
         return {}
 
 

@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 
 from rlhf_core.workers import die_with_parent
-from tasks.common import _stage_logger
+from tasks.common import stage_logger
 
 GROUP_ENV = "RLHF_WORKER_GROUP"  # tags every process of one launch (see group_processes)
 GRACE_SECONDS = 10.0  # SIGTERM to SIGKILL: time for the ranks to leave their process group
@@ -165,7 +165,7 @@ def run_worker(module: str, args: list[str], num_processes: int, log_path: Path,
     log_path.parent.mkdir(parents=True, exist_ok=True)
     argv, env = accelerate_command(module, args, num_processes, deepspeed, rank_logs=log_path.parent / "ranks")
     tag = env[GROUP_ENV] = uuid.uuid4().hex
-    logger = logger or _stage_logger()
+    logger = logger or stage_logger()
     name = module.rsplit(".", 1)[-1]
     with open(log_path, "w") as log, _sigterm_raises():
         # die_with_parent: a SIGKILLed round takes the launcher with it (its agent then stops the ranks); this

@@ -18,7 +18,7 @@ from prefect.cache_policies import NO_CACHE
 from rlhf_core.artifacts import ArtifactRef
 from rlhf_core.config import ConfigError, IterationConfig, RoundConfig
 from rlhf_core.models import architecture_differences
-from tasks.common import RunContext, _stage_logger
+from tasks.common import RunContext, stage_logger
 from tasks.evaluation import evaluate_vs_registered, registered_policy
 
 POLICY_MODEL, SFT_MODEL, REWARD_MODEL, CHAMPION = "rlhf-policy", "rlhf-sft-policy", "rlhf-reward-model", "champion"
@@ -45,7 +45,7 @@ def starting_policy(ctx: RunContext, cfg: IterationConfig, sft: ArtifactRef,
                     f"config's SFT policy ({'; '.join(differences)}): a round of another config promoted it on this "
                     "tracking server. Give this config a tracking server of its own, or set iteration.start_from sft")
             return champion, CHAMPION
-        _stage_logger().warning("iteration.start_from is champion, and no policy is %s@%s yet: the round starts from SFT",
+        stage_logger().warning("iteration.start_from is champion, and no policy is %s@%s yet: the round starts from SFT",
                           POLICY_MODEL, CHAMPION)
     return sft, "sft"
 
@@ -129,7 +129,7 @@ def earlier_promotion(ctx: RunContext, candidate: ArtifactRef) -> dict[str, Any]
              "the champion has changed since")
     reason = f"decided when it was first judged ({since}), not again: {decided}"
     ctx.tracker.set_tags(ctx.parent_run_id, {"rlhf.promotion": "decided before", "rlhf.promotion.reason": reason})
-    _stage_logger().info(reason)
+    stage_logger().info(reason)
     # promoted then (a resumed rlhf-rounds logs series/promoted from this), whether or not it is the champion now
     return {"promoted": f" {PROMOTED}: " in decided, "version": int(version.version), "reason": reason}
 
@@ -170,7 +170,7 @@ def promote(ctx: RunContext, cfg: IterationConfig, candidate: ArtifactRef, evalu
     tracker.set_tags(ctx.parent_run_id, {"rlhf.promotion": verdict, "rlhf.promotion.reason": reason})
     tracker.log_metrics(ctx.parent_run_id, {"promotion/win_rate": win_rate, "promotion/promoted": float(promoted),
                                             "promotion/threshold": cfg.promote_min_win_rate})
-    _stage_logger().info(reason)
+    stage_logger().info(reason)
     return {"promoted": promoted, "win_rate": win_rate, "against": against, "version": int(version.version),
             "reason": reason}
 

@@ -13,11 +13,12 @@ from transformers import PreTrainedTokenizerBase
 from rlhf_core.artifacts import ArtifactRef
 from rlhf_core.config import EXECUTION_SETTINGS, RewardConfig
 from rlhf_core.models import dropout_probability, load_tokenizer
+from rlhf_core.reward.holdout import agreement_with_labels, held_out_side, training_side
 from rlhf_core.reward.model import RewardModel, score_texts
 from rlhf_core.reward.train import pair_reward_diffs, train_reward_model
 from rlhf_core.schemas import read_table
 from rlhf_core.sim.metrics import accuracy_by_pair_type, answer_probe, gold_eval_pairs
-from tasks.common import RunContext, StageRun, run_stage, warn_cut_rows
+from tasks.common import RunContext, StageRun, run_stage, stage_logger, warn_cut_rows
 from tasks.launch import group_world_size, run_worker
 
 VERSION = "3"
@@ -30,6 +31,8 @@ def train_reward(ctx: RunContext, cfg: RewardConfig, denoised: ArtifactRef, comp
                  policy_generators: tuple[str, ...] = ("policy",)) -> ArtifactRef:
     """Bradley-Terry with soft labels and margins; on the simulated world, accuracy against gold on held-out
     pairs (overall and per pair type), the answer probe, and the same for a baseline trained on the raw labels.
+    With cfg.holdout_fraction > 0, agreement with the annotators' labels of the held-out prompts' pairs (which
+    neither model, nor the voters, trained on): reward/heldout/... and reward/baseline/heldout/...
 
     `responses` (the round's generated responses) feed MetaRM's meta step and are required when
     cfg.train.meta.enabled: the rows of the generators named `policy_generators` (generation.generators whose model
@@ -38,20 +41,38 @@ def train_reward(ctx: RunContext, cfg: RewardConfig, denoised: ArtifactRef, comp
         raise ValueError("reward.train.meta.enabled needs the round's generated responses as policy samples")
 
     def produce(out: Path, run: StageRun) -> dict[str, float]:
-        pairs = read_table("denoised", denoised.file("denoised.parquet"))
+        fraction = cfg.holdout_fraction
+        raw = read_table("comparisons", comparisons.file("comparisons.parquet"))
+        labelled_held_out = held_out_side(raw, fraction) if fraction else None  # checked before any training
+        if not simulated and not fraction:
+            stage_logger().warning("reward: no human-labelled pairs held out (reward.holdout_fraction 0): "
+                                   "reward/accuracy is training accuracy, and nothing measures this reward model; "
+                                   "set reward.holdout_fraction (0.1 is a good start)")
+        # held-out prompts are out of the denoised pairs already (the denoise stage's key says so); a denoised
+        # artifact given to `rlhf stage reward` may not be, and the reward model must never train on them
+        pairs = training_side(read_table("denoised", denoised.file("denoised.parquet")), fraction)
         samples = (policy_samples(read_table("responses", responses.file("responses.parquet")), policy_generators)
                    if cfg.train.meta.enabled else None)
         model, tokenizer, report = train_on_ranks(cfg, policy.path, pairs, seed, samples, run.scratch / "denoised")
         warn_cut_rows("reward", report["share_at_max_length"], "reward.train.max_length", cfg.train.max_length)
         model.save(out, tokenizer)
         metrics = {f"reward/{k}": float(v) for k, v in report.items() if isinstance(v, (int, float))}
+        metrics["reward/n_train_pairs"] = len(pairs)
+        baseline = None
+        if cfg.compare_baseline and (simulated or fraction):  # what voting + denoising bought: the raw labels
+            baseline, _, _ = train_on_ranks(cfg, policy.path, training_side(raw, fraction), seed, samples,
+                                            run.scratch / "baseline")
+        if labelled_held_out is not None:
+            for prefix, rm in (("reward", model), ("reward/baseline", baseline)):
+                if rm is not None:
+                    diffs = pair_reward_diffs(rm, tokenizer, labelled_held_out, cfg.train.max_length)
+                    metrics.update({f"{prefix}/heldout/{k}": float(v)
+                                    for k, v in agreement_with_labels(diffs, labelled_held_out).items()})
         if simulated:
             held_out = read_table("prompts", world.file("eval_prompts.parquet"))
             eval_pairs = gold_eval_pairs(policy.path, held_out["prompt"].tolist(), seed=seed)
             metrics.update(_gold_metrics("reward", model, tokenizer, eval_pairs, cfg, max_operand, operations))
-            if cfg.compare_baseline:  # what voting + denoising bought: the same recipe on the raw labels
-                raw = read_table("comparisons", comparisons.file("comparisons.parquet"))
-                baseline, _, _ = train_on_ranks(cfg, policy.path, raw, seed, samples, run.scratch / "baseline")
+            if baseline is not None:
                 metrics.update(_gold_metrics("reward/baseline", baseline, tokenizer, eval_pairs, cfg, max_operand,
                                              operations))
         return metrics
@@ -60,7 +81,9 @@ def train_reward(ctx: RunContext, cfg: RewardConfig, denoised: ArtifactRef, comp
     # train another model, so the number of ranks is part of the key
     same_model = EXECUTION_SETTINGS if dropout_probability(policy.path) == 0 else EXECUTION_SETTINGS - {"num_processes"}
     return run_stage(ctx, stage="reward", version=VERSION, kind="reward_model",
-                     config={"reward": cfg.model_dump(exclude=same_model), "seed": seed, "simulated": simulated,
+                     config={"reward": cfg.model_dump(exclude=same_model | ({"holdout_fraction"}
+                                                                            if not cfg.holdout_fraction else set())),
+                             "seed": seed, "simulated": simulated,
                              "world": {"max_operand": max_operand, "operations": list(operations)}}
                      | ({"meta_policy_generators": sorted(policy_generators)} if cfg.train.meta.enabled else {}),
                      inputs={"denoised": denoised, "comparisons": comparisons, "policy": policy, "world": world}

@@ -12,10 +12,11 @@ from prefect.cache_policies import NO_CACHE
 
 from rlhf_core.artifacts import ArtifactRef
 from rlhf_core.config import VotingConfig
+from rlhf_core.reward.holdout import held_out_side, training_side
 from rlhf_core.reward.voting import vote
 from rlhf_core.schemas import read_table, write_table
 from rlhf_core.sim.metrics import agreement_by_strength_decile, gold_difference
-from tasks.common import RunContext, StageRun, run_stage, warn_cut_rows
+from tasks.common import RunContext, StageRun, holdout_key, run_stage, warn_cut_rows
 from tasks.launch import group_world_size, run_worker
 from tasks.plots import agreement_by_bucket, agreement_by_strength, strength_histogram, strength_std_by_group
 
@@ -24,11 +25,17 @@ VERSION = "3"
 
 @task(name="vote", version=VERSION, cache_policy=NO_CACHE)
 def vote_strength(ctx: RunContext, cfg: VotingConfig, comparisons: ArtifactRef, policy: ArtifactRef, seed: int,
-                  simulated: bool) -> ArtifactRef:
-    """Train M reward models on the pairs with different seeds/orders; mean and std of r(c) - r(r)."""
+                  simulated: bool, holdout_fraction: float = 0.0) -> ArtifactRef:
+    """Train M reward models on the pairs with different seeds/orders; mean and std of r(c) - r(r).
+
+    The pairs of prompts held out to measure the reward model (reward.holdout_fraction) are neither trained on
+    nor voted on: the voters choose the reward model's flips and margins, so what they learn reaches it."""
 
     def produce(out: Path, run: StageRun) -> dict[str, float]:
         pairs = read_table("comparisons", comparisons.file("comparisons.parquet"))
+        if holdout_fraction:
+            held_out_side(pairs, holdout_fraction)  # an empty held-out side fails here, not after the voters trained
+        pairs = training_side(pairs, holdout_fraction)
         # Finished voters are kept in the scratch dir, which survives a killed run: a re-run resumes there.
         voter_dir = run.scratch / "voters"
         t0 = time.perf_counter()
@@ -56,7 +63,8 @@ def vote_strength(ctx: RunContext, cfg: VotingConfig, comparisons: ArtifactRef, 
 
     return run_stage(ctx, stage="vote", version=VERSION, kind="votes",
                      config={"voting": cfg.model_dump(exclude={"num_processes"}), "seed": seed,
-                             "simulated": simulated},  # gold metrics or not: a hit reports what a miss would
+                             "simulated": simulated}  # gold metrics or not: a hit reports what a miss would
+                     | holdout_key(holdout_fraction),
                      inputs={"comparisons": comparisons, "policy": policy}, produce=produce,
                      execution={"num_processes": cfg.num_processes})  # 1 and N ranks give the same votes
 

@@ -689,6 +689,23 @@ def test_reward_data_budget_variants_on_the_shared_round(shared_round):
                                                             folder / "seed0-flip-type_noise.json"])
 
 
+def test_reward_holdout_measures_both_models_by_gold_and_by_held_out_human_labels(shared_round):
+    folder = run("reward_holdout", shared_round)
+    result = result_and_figure(folder / "reward-holdout.md")["results"][0]
+    assert (result["seed"], result["fraction"]) == (0, 0.3)
+    for model in ("denoised", "baseline"):
+        assert "heldout/accuracy" not in result["all prompts"][model]  # nothing held out: no human-label measure
+        held = result["held out"][model]
+        assert_fractions([result["all prompts"][model]["gold_accuracy_heldout"], held["gold_accuracy_heldout"],
+                          held["heldout/accuracy"]])
+        assert held["heldout/n_pairs"] > 0
+    assert 0 < result["held out"]["n_train_pairs"] < result["all prompts"]["n_train_pairs"]
+    rows = table((folder / "reward-holdout.md").read_text(), "| measure |")
+    assert [r[0] for r in rows] == ["gold accuracy, no prompts held out", "gold accuracy, 30% of the prompts held out",
+                                    "agreement with held-out human labels"]  # one label per pair: no unanimous row
+    kept_and_read_back("reward_holdout", shared_round, [folder / "fraction0.3" / "seed0.json"])
+
+
 # ---------------------------------------------------------------- their own miniature rounds: overhead and scaling
 
 

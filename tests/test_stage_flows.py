@@ -251,3 +251,60 @@ def test_votes_are_refused_on_comparisons_they_were_not_measured_on(round_to_vot
     with pytest.raises(ConfigError, match="were measured on comparisons"):
         check_votes_measured_on(copied, other)
     check_votes_measured_on(copied, ArtifactRef(**first["artifacts"]["import_annotations"]))  # its own: accepted
+
+
+def test_held_out_prompts_measure_the_reward_model_on_labels_it_never_learned_from(round_to_vote, monkeypatch):
+    """reward.holdout_fraction on real annotations (the round's export imported as a team's): the pairs of the held-out
+    prompts are neither voted on, nor denoised, nor trained on, and the reward models' agreement with their human
+    labels is logged (real annotations have no gold: without it nothing measured the reward model)."""
+    from flows.round import rlhf_round
+    from rlhf_core.models import load_tokenizer
+    from rlhf_core.reward.holdout import held_out
+    from rlhf_core.reward.model import RewardModel
+    from rlhf_core.reward.train import pair_reward_diffs
+    from rlhf_core.schemas import read_table
+
+    cfg, first = round_to_vote
+    export = Path(first["artifacts"]["annotators"]["path"]) / "exports" / "00-simulated-label-studio.json"
+    monkeypatch.setenv("RLHF_ALLOWED_ROOTS", str(Path(cfg.workdir).parent))
+    real = cfg.model_copy(update={"annotation": cfg.annotation.model_copy(update={"exports": (str(export),)}),
+                                  "reward": cfg.reward.model_copy(update={"holdout_fraction": 0.3})})
+    summary = rlhf_round(config=real, stop_after="reward")
+    art = {name: Path(a["path"]) for name, a in summary["artifacts"].items()}
+    comparisons = read_table("comparisons", art["import_annotations"] / "comparisons.parquet")
+    held = held_out(comparisons["prompt_id"], 0.3)
+    assert 0 < held.sum() < len(comparisons)
+    votes = read_table("votes", art["vote"] / "votes.parquet")
+    denoised = read_table("denoised", art["denoise"] / "denoised.parquet")
+    assert set(votes["pair_id"]) == set(denoised["pair_id"]) == set(comparisons["pair_id"][~held])
+
+    store = ArtifactStore(Path(cfg.workdir) / "artifacts")
+    manifests = {s: store.manifest(store.find(summary["artifacts"][s]["kind"], summary["artifacts"][s]["digest"]))
+                 for s in ("vote", "denoise", "reward")}
+    assert manifests["vote"].config["holdout_fraction"] == manifests["denoise"].config["holdout_fraction"] == 0.3
+    assert manifests["reward"].config["reward"]["holdout_fraction"] == 0.3
+    unheld = store.manifest(store.find("votes", first["artifacts"]["vote"]["digest"])).config
+    assert "holdout_fraction" not in unheld  # rounds that hold nothing out keep the keys they had
+
+    labelled = comparisons[held & ~comparisons["tie"].fillna(False).to_numpy(dtype=bool)]
+    model, tokenizer = RewardModel.load(art["reward"]), load_tokenizer(art["reward"])
+    diffs = pair_reward_diffs(model, tokenizer, labelled, cfg.reward.train.max_length)
+    metrics = manifests["reward"].metrics
+    assert metrics["reward/heldout/n_pairs"] == len(labelled)
+    assert metrics["reward/n_train_pairs"] == (~held).sum()
+    assert metrics["reward/heldout/accuracy"] == pytest.approx(float((diffs > 0).mean()))
+    assert 0.0 <= metrics["reward/baseline/heldout/accuracy"] <= 1.0  # the raw labels' model, same held-out pairs
+    assert summary["headline"]["RM agreement with held-out human labels"] == metrics["reward/heldout/accuracy"]
+    client = MlflowClient(summary["mlflow"]["tracking_uri"])
+    reward_run = client.search_runs(
+        [client.get_run(summary["mlflow"]["run_id"]).info.experiment_id],
+        filter_string=f"tags.mlflow.parentRunId = '{summary['mlflow']['run_id']}' and tags.`rlhf.stage` = 'reward'")
+    assert reward_run[0].data.metrics["reward/heldout/accuracy"] == pytest.approx(metrics["reward/heldout/accuracy"])
+    from flows.stages import rlhf_stage
+
+    no_holdout = real.model_copy(update={"reward": cfg.reward})
+    with pytest.raises(ConfigError, match=r"held out the pairs of reward.holdout_fraction 0.3 of the prompts, this "
+                                          r"config 0.0: vote again"):  # pair ids would differ: say why
+        rlhf_stage(stage="denoise", config=no_holdout, inputs={
+            "pairs": f"comparisons:{summary['artifacts']['import_annotations']['digest']}",
+            "vote": f"votes:{summary['artifacts']['vote']['digest']}"})
