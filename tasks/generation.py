@@ -22,8 +22,9 @@ from rlhf_core.schemas import read_table, write_table
 from tasks.common import RunContext, StageRun, run_stage
 from tasks.launch import group_world_size, run_worker
 
-VERSION = "3"  # 2: several generators, shard files for 1 and N processes, per-(generator, shard) seeds; 3: stops
-# at the model's own end-of-turn tokens (generation_config.eos_token_id) too
+VERSION = "4"  # 2: several generators, shard files for 1 and N processes, per-(generator, shard) seeds; 3: stops
+# at the model's own end-of-turn tokens (generation_config.eos_token_id) too; 4: a response_id names its sampling
+# parameters and its text, not only the strategy's name
 
 
 @task(name="generate", version=VERSION, cache_policy=NO_CACHE)

@@ -339,7 +339,7 @@ def test_vllm_rows_match_the_hf_rows_shape_with_a_stand_in_engine(monkeypatch):
     # "a0" from hot k=0 and from greedy k=0 collide per prompt: one is kept, the smallest response_id
     assert len(rows) == 3 * 2 and set(rows["response"]) == {"a0", "a1"}
     row = rows[(rows["prompt_id"] == "p00") & (rows["response"] == "a1")].iloc[0]
-    assert row["response_id"] == response_id("p00", "m:1", "hot", 1)
+    assert row["response_id"] == response_id("p00", "m:1", strategy_json(PLAN[0]), 1, "a1")
     assert row["strategy"] == strategy_json(PLAN[0]) and row["generator"] == "m:1"
 
 
@@ -380,3 +380,25 @@ def test_the_plans_small_rules_on_hand_made_inputs():
     assert [context_length(SimpleNamespace(**{key: 512})) for key in
             ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length")] == [512] * 4
     assert context_length(SimpleNamespace()) is None
+
+
+def test_a_response_id_names_the_sampling_parameters_and_the_text_not_only_the_names():
+    """Responses generated again under the same generator and strategy names (a temperature changed, another seed)
+    got the ids of the first ones, so a score table's labels, joined by id alone, went to texts nobody saw."""
+    import hashlib
+    import json
+    import types
+
+    from rlhf_core.config import SamplingStrategy
+    from rlhf_core.generation.plan import response_row, strategy_json
+
+    prompt = types.SimpleNamespace(prompt_id="p1", prompt="q")
+    hot = SamplingStrategy(name="s", temperature=1.0, n=2)
+    row = response_row(prompt, "It is 3.", "policy:abc", hot, 0)
+    key = json.dumps(["p1", "policy:abc", strategy_json(hot), 0, "It is 3."])
+    assert row["response_id"] == "r" + hashlib.sha256(key.encode()).hexdigest()[:16]
+    assert row == response_row(prompt, "It is 3.", "policy:abc", hot, 0)  # the same generation, the same id
+    others = [response_row(prompt, "It is 3.", "policy:abc", hot.model_copy(update={"temperature": 0.7}), 0),
+              response_row(prompt, "It is 4.", "policy:abc", hot, 0), response_row(prompt, "It is 3.", "policy:abd", hot, 0),
+              response_row(prompt, "It is 3.", "policy:abc", hot, 1)]
+    assert len({row["response_id"], *(o["response_id"] for o in others)}) == 5

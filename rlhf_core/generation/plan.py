@@ -25,9 +25,13 @@ class GenerationInputError(ValueError):
     """A prompt, model or setting the plan cannot generate with; the message names it and what to change."""
 
 
-def response_id(prompt_id: str, generator: str, strategy: str, k: int) -> str:
-    """Stable id of the k-th response of `generator` under `strategy`: two models never collide."""
-    return "r" + hashlib.sha256(f"{prompt_id}|{generator}|{strategy}|{k}".encode()).hexdigest()[:16]
+def response_id(prompt_id: str, generator: str, strategy: str, k: int, text: str) -> str:
+    """Id of one response: the k-th sample of `generator` ("name:digest of its weights") under `strategy` (its
+    sampling parameters as `strategy_json`), and the text it wrote. Two models never collide, and responses
+    generated again with other parameters, another seed or other code get other ids even under the same names: a
+    label joined by id (a score table carries no text to compare) always names the text the annotator saw."""
+    key = json.dumps([prompt_id, generator, strategy, k, text], ensure_ascii=False)
+    return "r" + hashlib.sha256(key.encode()).hexdigest()[:16]
 
 
 def stable_seed(*parts: object) -> int:
@@ -110,8 +114,9 @@ def generate_responses(model, tokenizer, prompts: pd.DataFrame, strategies, gene
 
 def response_row(prompt, text: str, generator: str, strategy: SamplingStrategy, k: int) -> dict:
     """One row of the responses table; `prompt` has .prompt_id and .prompt (an itertuples row)."""
-    return {"prompt_id": prompt.prompt_id, "response_id": response_id(prompt.prompt_id, generator, strategy.name, k),
-            "prompt": prompt.prompt, "response": text, "generator": generator, "strategy": strategy_json(strategy)}
+    params = strategy_json(strategy)
+    return {"prompt_id": prompt.prompt_id, "response_id": response_id(prompt.prompt_id, generator, params, k, text),
+            "prompt": prompt.prompt, "response": text, "generator": generator, "strategy": params}
 
 
 def generation_report(generated: pd.DataFrame, n_tokens: int, seconds: float) -> dict:
