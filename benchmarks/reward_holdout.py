@@ -33,27 +33,46 @@ from reward_modelling import _cell, add_round_arguments, round_config, round_wor
 MODELS = {"denoised": "reward", "baseline": "reward/baseline"}  # name -> metric prefix in the reward stage
 
 
-def reward_metrics(cfg) -> dict[str, float]:
-    """The round up to its reward model (stages from the cache where they ran); the reward stage's metrics."""
+def reward_metrics(cfg) -> tuple[dict[str, float], dict]:
+    """The round up to its reward model (stages from the cache where they ran): the reward stage's metrics and the
+    round's artifacts."""
     from flows.round import rlhf_round
     from rlhf_core.artifacts import ArtifactStore
 
     summary = rlhf_round(config=cfg, stop_after="reward")
     store = ArtifactStore(Path(cfg.workdir) / "artifacts")
     reward = summary["artifacts"]["reward"]
-    return store.manifest(store.find(reward["kind"], reward["digest"])).metrics
+    return store.manifest(store.find(reward["kind"], reward["digest"])).metrics, summary["artifacts"]
+
+
+def held_out_label_accuracy(comparisons_dir: str, fraction: float) -> float:
+    """a: how often the annotators' labels of the held-out pairs agree with gold (gold ties and annotator ties
+    left out), the rate that bounds what agreement with them can show."""
+    from rlhf_core.reward.holdout import held_out_side
+    from rlhf_core.schemas import read_table
+    from rlhf_core.sim.metrics import gold_difference
+
+    pairs = held_out_side(read_table("comparisons", Path(comparisons_dir) / "comparisons.parquet"), fraction)
+    gold = gold_difference(pairs["prompt"], pairs["chosen"], pairs["rejected"])
+    return float((gold[gold != 0] > 0).mean())
 
 
 def run_seed(config: str | None, seed: int, workdir: Path, fraction: float) -> dict:
     """Gold accuracy of both models without and with the held-out prompts; their held-out human-label agreement."""
     result = {"seed": seed, "fraction": fraction}
     for name, held in (("all prompts", 0.0), ("held out", fraction)):
-        metrics = reward_metrics(round_config(config, seed, workdir, (f"reward.holdout_fraction={held}",)))
+        metrics, artifacts = reward_metrics(round_config(config, seed, workdir, (f"reward.holdout_fraction={held}",)))
         result[name] = {model: {key: metrics[f"{prefix}/{key}"] for key in (
             "gold_accuracy_heldout", "heldout/accuracy", "heldout/accuracy_unanimous", "heldout/n_pairs",
             "heldout/n_unanimous") if f"{prefix}/{key}" in metrics} for model, prefix in MODELS.items()}
         result[name]["n_train_pairs"] = metrics["reward/n_train_pairs"]
+    result["held out"]["label_accuracy"] = held_out_label_accuracy(artifacts["import_annotations"]["path"], fraction)
     return result
+
+
+def expected_agreement(gold_accuracy: float, label_accuracy: float) -> float:
+    """Agreement of a model right on gold at rate g with labels right at rate a, their errors independent."""
+    return gold_accuracy * label_accuracy + (1 - gold_accuracy) * (1 - label_accuracy)
 
 
 def write_report(results: list[dict], out: Path, command: str, seconds: float) -> None:
@@ -88,6 +107,12 @@ def write_report(results: list[dict], out: Path, command: str, seconds: float) -
     for label, run, key in rows:
         lines.append(f"| {label} | {_cell(col(run, 'denoised', key))} | {_cell(col(run, 'baseline', key))} | "
                      f"{_cell(gap(run, key), '+.3f')} |")
+    a = [r["held out"]["label_accuracy"] for r in results]
+    expected = {m: [expected_agreement(r["held out"][m]["gold_accuracy_heldout"], r["held out"]["label_accuracy"])
+                    for r in results] for m in MODELS}
+    lines.append(f"| expected agreement, g·a + (1 - g)(1 - a) | {_cell(expected['denoised'])} | "
+                 f"{_cell(expected['baseline'])} | "
+                 f"{_cell([d - b for d, b in zip(expected['denoised'], expected['baseline'])], '+.3f')} |")
     n_held = col("held out", "denoised", "heldout/n_pairs")
     n_unanimous = col("held out", "denoised", "heldout/n_unanimous")
     lines += [
@@ -98,9 +123,14 @@ def write_report(results: list[dict], out: Path, command: str, seconds: float) -
         + (f", {_cell(n_unanimous, '.0f')} of them unanimous." if len(rows) == 4 else
            " (one label per pair: none is unanimous)."),
         "",
+        f"a, the annotators' agreement with gold on the held-out pairs (gold ties left out): {_cell(a)}; g: each "
+        "model's accuracy on held-out gold pairs with the prompts held out. The measured agreement counts the "
+        "held-out pairs that gold calls a tie too.",
+        "",
         "Per seed (denoised / baseline):",
         "",
-        "| seed | gold, all prompts | gold, held out | human labels |" + (" unanimous labels |" if len(rows) == 4 else ""),
+        "| seed | gold, all prompts | gold, held out | human labels |"
+        + (" unanimous labels |" if len(rows) == 4 else ""),
         "|---" * (1 + len(rows)) + "|",
     ]
     for r in results:

@@ -27,7 +27,7 @@ from rlhf_core.config import (RESOLVED, ConfigError, RoundConfig, check_iterated
 from rlhf_core.annotation.importer import check_exports
 from rlhf_core.chat_completions import check_chat_server, key_for
 from rlhf_core.paths import allowed_roots, check_config_paths, resolve_allowed
-from tasks.annotation import collect_annotations, import_annotations
+from tasks.annotation import collect_annotations
 from tasks.common import SERIES_LOCK, RunContext, code_tags, lock_workdir, publish_markdown
 from tasks.evaluation import evaluate, http_api_key
 from tasks.generation import generate
@@ -337,8 +337,7 @@ def _run_stages(config: RoundConfig, stop_after: StageName | None, round_no: int
             return finish_round(ctx, out)
         if follows is not None:
             check_new_import(follows, ctx.store, out["annotators"])
-        if done("import_annotations", import_annotations(ctx, config.annotation, out["annotators"],
-                                                         out["generate"], simulated)):
+        if done("import_annotations", HEAVY_STAGES["import_annotations"].call(ctx, config, out, seed, simulated)):
             return finish_round(ctx, out)
         pairs = out["import_annotations"]  # what the reward models learn from: this round's pairs, or rounds 1..k's
         if (accumulated := training_pairs(ctx, config.iteration, pairs, earlier_pairs, round_no)) is not None:

@@ -18,6 +18,7 @@ import rlhf_core
 from rlhf_core.artifacts import MANIFEST, ArtifactRef, ArtifactStore, Manifest
 from rlhf_core.config import ConfigError, RoundConfig
 from rlhf_core.paths import allowed_roots, resolve_allowed
+from tasks.annotation import import_annotations
 from tasks.common import RunContext, lock_workdir
 from tasks.denoise import denoise_pairs
 from tasks.evaluation import evaluate
@@ -41,6 +42,10 @@ class HeavyStage:
         if self.call is _reward and config.reward.train.meta.enabled:
             return self.inputs | {"generate": "responses"}
         return self.inputs
+
+
+def _import(ctx: RunContext, config: RoundConfig, a: Inputs, seed: int, simulated: bool) -> ArtifactRef:
+    return import_annotations(ctx, config.annotation, a["annotators"], a["generate"], simulated)
 
 
 def _vote(ctx: RunContext, config: RoundConfig, a: Inputs, seed: int, simulated: bool) -> ArtifactRef:
@@ -69,6 +74,9 @@ def _evaluate(ctx: RunContext, config: RoundConfig, a: Inputs, seed: int, simula
 
 
 HEAVY_STAGES: dict[str, HeavyStage] = {
+    # the annotators' exports joined to chosen responses: labels of tasks made from responses the round no longer
+    # generates (other settings, or a pipeline version whose response ids differ) join the artifact that made them
+    "import_annotations": HeavyStage({"annotators": "annotation_export", "generate": "responses"}, _import),
     "vote": HeavyStage({"pairs": "comparisons", "sft": "policy"}, _vote),
     "denoise": HeavyStage({"pairs": "comparisons", "vote": "votes"}, _denoise),
     "reward": HeavyStage({"denoise": "denoised", "pairs": "comparisons", "sft": "policy", "world": "prompts"},
@@ -77,7 +85,7 @@ HEAVY_STAGES: dict[str, HeavyStage] = {
     "evaluate": HeavyStage({"ppo": "policy", "sft": "policy", "reward": "reward_model", "world": "prompts"},
                            _evaluate),
 }
-HeavyStageName = Literal["vote", "denoise", "reward", "ppo", "evaluate"]
+HeavyStageName = Literal["import_annotations", "vote", "denoise", "reward", "ppo", "evaluate"]
 assert set(get_args(HeavyStageName)) == set(HEAVY_STAGES)
 
 # The round's stages in the order they run: an input the flow is not given comes from the round run up to
@@ -166,9 +174,11 @@ def rlhf_stage(stage: HeavyStageName = "denoise", inputs: dict[str, str] | None 
     what the round made, with the same digest.
 
     Args:
-        stage: the stage to run: vote, denoise, reward, ppo or evaluate.
+        stage: the stage to run: import_annotations, vote, denoise, reward, ppo or evaluate.
         inputs: input artifacts by name, each `kind:digest` (a stage's MLflow run shows its output as the
-            tag rlhf.output), a digest or an artifact directory. vote reads pairs (comparisons) and sft
+            tag rlhf.output), a digest or an artifact directory. import_annotations reads annotators
+            (annotation_export: the config's exports, or the simulated crowd's) and generate (responses: the ones
+            the tasks were made from); vote reads pairs (comparisons) and sft
             (policy); denoise reads pairs and vote (votes); reward reads denoise (denoised), pairs, sft and
             world (prompts); ppo reads policy, reward (reward_model), world and sft; evaluate reads ppo
             (policy), sft, reward and world. An input not given is the round's, from the cache.

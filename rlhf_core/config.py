@@ -467,8 +467,9 @@ class AnnotationConfig(StrictModel):
     match_texts: bool = Field(
         True, description="Label Studio: a judgement whose task shows a response text (data.answer1 / answer2, "
         "data.response, an item's text or body) other than the responses artifact holds for its id is quarantined "
-        "(text_mismatch): the responses were generated again under the same ids after the tasks were made. false "
-        "when the tasks show the texts rendered (HTML, markdown)")
+        "(text_mismatch): the texts were edited, or the tasks were made by a pipeline whose response ids did not "
+        "name their text (generate stage version 3 and before). false when the tasks show the texts rendered (HTML, "
+        "markdown)")
 
 
 class ContrastiveConfig(StrictModel):
@@ -660,8 +661,8 @@ class RewardConfig(StrictModel):
     holdout_fraction: float = Field(
         0.0, ge=0, lt=1, description="share of the prompts whose human-labelled pairs are kept out of voting, "
         "denoising and reward training, and measure the reward model: reward/heldout/accuracy, its agreement with "
-        "the annotators' labels there (ties left out). A prompt's side follows a hash of its prompt_id, the same in "
-        "every round. 0 = none: on real annotations the reward model then has no measured quality (0.1 is a good "
+        "the annotators' labels there (ties left out). A prompt's side follows a hash of its text, the same in every "
+        "round. 0 = none: on real annotations the reward model then has no measured quality (0.1 is a good "
         "start); the simulated world measures against gold on held-out prompts either way",
     )
     num_processes: int = Field(

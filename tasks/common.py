@@ -34,8 +34,8 @@ from pydantic import BaseModel, ConfigDict
 
 import rlhf_core
 from rlhf_core.annotation.importer import is_export_name
-from rlhf_core.artifacts import ArtifactRef, ArtifactStore, DamagedArtifactError, Manifest, cache_key
-from rlhf_core.config import RESOLVED, config_digest
+from rlhf_core.artifacts import ArtifactRef, ArtifactStore, DamagedArtifactError, Manifest, cache_key, manifest_of
+from rlhf_core.config import RESOLVED, ConfigError, config_digest
 from rlhf_core.progress import lines_to
 from tasks.tracking import Tracker, serving_config
 
@@ -274,6 +274,18 @@ def holdout_key(fraction: float) -> dict[str, float]:
     """The part of a stage's cache key that says which prompts were held out (reward.holdout_fraction): nothing
     when none were, so rounds that hold out nothing keep the keys they had before the option existed."""
     return {"holdout_fraction": fraction} if fraction else {}
+
+
+def check_same_holdout(ref: ArtifactRef, fraction: float, what: str, remake: str) -> None:
+    """Refuse an input made with other prompts held out (reward.holdout_fraction): votes or denoised pairs of voters
+    that trained on pairs this config holds out would carry their labels to the reward model it measures on them
+    (or lack pairs it trains on). An input without a manifest records nothing to compare."""
+    manifest = manifest_of(ref)  # this store's, or another workdir's given by path
+    made_with = manifest.config.get("holdout_fraction", 0.0) if manifest is not None else fraction
+    if made_with != fraction:
+        raise ConfigError(f"{what} {ref.digest[:12]} held out the pairs of reward.holdout_fraction {made_with} of the "
+                          f"prompts, this config {fraction}: {remake} with this config, or set "
+                          "reward.holdout_fraction to their value")
 
 
 def warn_cut_rows(stage: str, share: float, key: str, max_length: int) -> None:

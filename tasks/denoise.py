@@ -13,7 +13,7 @@ from rlhf_core.reward.denoise import denoise
 from rlhf_core.reward.holdout import training_side
 from rlhf_core.schemas import read_table, write_table
 from rlhf_core.sim.metrics import flip_report
-from tasks.common import RunContext, StageRun, holdout_key, run_stage
+from tasks.common import RunContext, StageRun, check_same_holdout, holdout_key, run_stage
 
 VERSION = "2"
 
@@ -23,7 +23,8 @@ def denoise_pairs(ctx: RunContext, cfg: DenoiseConfig, comparisons: ArtifactRef,
                   simulated: bool, holdout_fraction: float = 0.0) -> ArtifactRef:
     """The training pairs of the reward model, with flips, soft labels and margins; the pairs of prompts held out
     to measure it (reward.holdout_fraction, not voted on either) are left out."""
-    check_votes_measured_on(votes, comparisons, holdout_fraction)
+    check_votes_measured_on(votes, comparisons)
+    check_same_holdout(votes, holdout_fraction, "votes", "vote again (rlhf stage vote)")
 
     def produce(out: Path, run: StageRun) -> dict[str, float]:
         pairs = training_side(read_table("comparisons", comparisons.file("comparisons.parquet")), holdout_fraction)
@@ -40,19 +41,13 @@ def denoise_pairs(ctx: RunContext, cfg: DenoiseConfig, comparisons: ArtifactRef,
                      inputs={"comparisons": comparisons, "votes": votes}, produce=produce)
 
 
-def check_votes_measured_on(votes: ArtifactRef, comparisons: ArtifactRef, holdout_fraction: float = 0.0) -> None:
-    """Refuse votes measured on other comparisons, or with other prompts held out. A vote is r(chosen) -
-    r(rejected) of the pair as it was oriented then, and a pair_id does not name an orientation (a re-import can
-    swap a pair's majority): votes joined to other comparisons by pair_id alone would flip the wrong pairs,
-    silently."""
+def check_votes_measured_on(votes: ArtifactRef, comparisons: ArtifactRef) -> None:
+    """Refuse votes measured on other comparisons. A vote is r(chosen) - r(rejected) of the pair as it was
+    oriented then, and a pair_id does not name an orientation (a re-import can swap a pair's majority): votes
+    joined to other comparisons by pair_id alone would flip the wrong pairs, silently."""
     manifest = manifest_of(votes)  # this store's, or another workdir's given by path
     if manifest is None:  # a copy without a manifest: nothing records what it was measured on
         return
-    voted_holdout = manifest.config.get("holdout_fraction", 0.0)
-    if voted_holdout != holdout_fraction:
-        raise ConfigError(f"votes {votes.digest[:12]} held out the pairs of reward.holdout_fraction {voted_holdout} "
-                          f"of the prompts, this config {holdout_fraction}: vote again with this config "
-                          "(rlhf stage vote), or set reward.holdout_fraction to the votes' value")
     measured_on = next((i.digest for i in manifest.inputs if i.name == "comparisons"), None)
     if measured_on is not None and measured_on != comparisons.digest:
         raise ConfigError(f"votes {votes.digest[:12]} were measured on comparisons {measured_on[:12]}, not on "

@@ -36,7 +36,8 @@ FINISHED_ROUNDS = "finished-rounds.json"  # in the workdir: each round name's la
 
 def round_pairs(pairs: pd.DataFrame, round_no: int) -> pd.DataFrame:
     """A round's comparisons as part of an accumulation: a `round_no` column, and pair ids prefixed
-    `r<k>-` (a pair id hashes the prompt and response ids, which recur in later rounds for other texts).
+    `r<k>-` (a pair id hashes the prompt and response ids, and two rounds that write the same text for a prompt
+    with the same model and settings give it the same response id).
     A table that already has `round_no` is an accumulation: returned as it is."""
     if "round_no" in pairs.columns:
         return pairs

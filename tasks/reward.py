@@ -18,7 +18,7 @@ from rlhf_core.reward.model import RewardModel, score_texts
 from rlhf_core.reward.train import pair_reward_diffs, train_reward_model
 from rlhf_core.schemas import read_table
 from rlhf_core.sim.metrics import accuracy_by_pair_type, answer_probe, gold_eval_pairs
-from tasks.common import RunContext, StageRun, run_stage, stage_logger, warn_cut_rows
+from tasks.common import RunContext, StageRun, check_same_holdout, run_stage, stage_logger, warn_cut_rows
 from tasks.launch import group_world_size, run_worker
 
 VERSION = "3"
@@ -39,6 +39,8 @@ def train_reward(ctx: RunContext, cfg: RewardConfig, denoised: ArtifactRef, comp
     is "policy"), samples of the policy PPO starts from; other models' responses are no samples of it."""
     if cfg.train.meta.enabled and responses is None:
         raise ValueError("reward.train.meta.enabled needs the round's generated responses as policy samples")
+    check_same_holdout(denoised, cfg.holdout_fraction, "denoised pairs", "denoise again (rlhf stage denoise, its votes "
+                       "too: rlhf stage vote)")
 
     def produce(out: Path, run: StageRun) -> dict[str, float]:
         fraction = cfg.holdout_fraction
@@ -48,8 +50,8 @@ def train_reward(ctx: RunContext, cfg: RewardConfig, denoised: ArtifactRef, comp
             stage_logger().warning("reward: no human-labelled pairs held out (reward.holdout_fraction 0): "
                                    "reward/accuracy is training accuracy, and nothing measures this reward model; "
                                    "set reward.holdout_fraction (0.1 is a good start)")
-        # held-out prompts are out of the denoised pairs already (the denoise stage's key says so); a denoised
-        # artifact given to `rlhf stage reward` may not be, and the reward model must never train on them
+        # held-out prompts are out of the denoised pairs already (checked above by their manifest); a copy without
+        # one records nothing, and the reward model must never train on them
         pairs = training_side(read_table("denoised", denoised.file("denoised.parquet")), fraction)
         samples = (policy_samples(read_table("responses", responses.file("responses.parquet")), policy_generators)
                    if cfg.train.meta.enabled else None)

@@ -125,6 +125,11 @@ def test_an_unknown_response_id_is_quoted_and_a_near_miss_named():
     assert quarantine["detail"].tolist() == [
         "response id 'r1 ' is not in the responses artifact (the artifact has 'r1': the export changed its spaces "
         "or Unicode form)", "response 'r1' belongs to prompt 'p1', not 'p2'"]
+    _, quarantine = import_label_studio([_task(3, "r9", "r1", "p1", [_ann(3, 7)])], RESPONSES)
+    assert quarantine["detail"].tolist() == [  # an id of responses generated otherwise: where its texts are
+        "response id 'r9' is not in the responses artifact (tasks made from responses this round did not generate, "
+        "with other settings, seed or pipeline version, join the generate artifact that made them: rlhf stage "
+        "import_annotations --config C --input generate=responses:<digest>)"]
 
 
 def test_read_export_errors_are_actionable(tmp_path):
@@ -184,8 +189,9 @@ def _shown(*ids: str) -> str:
 
 
 def test_a_task_showing_other_texts_than_the_responses_under_its_ids_is_quarantined():
-    """Responses generated again under the same ids (a strategy's temperature changed, its name not): the export's
-    labels were matched by id to texts the annotators never saw. Texts are compared after NFC and trimming."""
+    """Responses generated again under the same ids (a strategy's temperature changed, its name not, before
+    response ids named their text; or texts edited since): the export's labels were matched by id to texts the
+    annotators never saw. Texts are compared after NFC and trimming."""
     regenerated = RESPONSES.assign(response=RESPONSES["response"].replace({"two": "deux"}))
     decomposed = RESPONSES.assign(response=RESPONSES["response"].replace({"one": "one\u0301"}))  # o, n, e + accent
     export = [_task(1, "r1", "r2", "p1", [_ann(1, 7, "left")])]  # shows "one" vs "two"

@@ -1,4 +1,4 @@
-"""The human-labelled pairs held out to measure a reward model trained on real annotations (rlhf_core/reward/holdout.py)."""
+"""The human-labelled pairs held out to measure a reward model trained on real annotations (reward/holdout.py)."""
 
 import hashlib
 
@@ -15,10 +15,10 @@ def _side_by_hand(prompt_id: str) -> float:
     return int.from_bytes(digest[:8], "big") / 2.0**64
 
 
-def _pairs(prompt_ids, **columns) -> pd.DataFrame:
-    n = len(prompt_ids)
-    return pd.DataFrame({"pair_id": [f"c{i}" for i in range(n)], "prompt_id": prompt_ids,
-                         "prompt": ["q"] * n, "chosen": ["a"] * n, "rejected": ["b"] * n} | columns)
+def _pairs(prompts, **columns) -> pd.DataFrame:
+    n = len(prompts)
+    return pd.DataFrame({"pair_id": [f"c{i}" for i in range(n)], "prompt_id": [f"id{i}" for i in range(n)],
+                         "prompt": prompts, "chosen": ["a"] * n, "rejected": ["b"] * n} | columns)
 
 
 def test_a_prompts_side_is_its_hash_below_the_fraction_whatever_the_order_or_company():
@@ -32,22 +32,27 @@ def test_a_prompts_side_is_its_hash_below_the_fraction_whatever_the_order_or_com
     assert (held_out(ids, 0.1) <= held_out(ids, 0.2)).all()  # a larger fraction only adds prompts
 
 
-def test_every_pair_of_a_prompt_is_on_one_side_and_the_sides_partition_the_pairs():
-    ids = [f"p{i % 40}" for i in range(400)]  # 10 pairs per prompt
-    pairs = _pairs(ids)
+def test_every_pair_of_a_prompt_text_is_on_one_side_whatever_its_prompt_id_and_the_sides_partition_the_pairs():
+    """A text asked under several prompt_ids (the simulated pool repeats texts; so does a real prompt log) was split
+    by prompt_id: two thirds of the demo's held-out pairs had their prompt text in training."""
+    texts = [f"What is {i % 40} plus 1?" for i in range(400)]  # 10 pairs per text, each under its own prompt_id
+    pairs = _pairs(texts)
     train = training_side(pairs, 0.25)
     held = held_out_side(pairs, 0.25)
-    assert set(train["prompt_id"]).isdisjoint(held["prompt_id"])
+    assert set(train["prompt"]).isdisjoint(held["prompt"])
     assert sorted(train["pair_id"].tolist() + held["pair_id"].tolist()) == sorted(pairs["pair_id"])
-    assert held.groupby("prompt_id").size().eq(10).all()
+    assert held.groupby("prompt").size().eq(10).all()
     assert training_side(pairs, 0.0).equals(pairs)
+    composed = [f"Caf\u00e9 {i}?" for i in range(40)]  # one text as exports write it: Unicode form, spaces
+    decomposed = [f" Cafe\u0301 {i}?\n" for i in range(40)]
+    assert held_out(composed, 0.5).tolist() == held_out(decomposed, 0.5).tolist()
 
 
 def test_ties_are_never_measured_against_and_an_empty_side_is_refused_with_what_to_change():
     ids = [f"p{i}" for i in range(200)]
     held_ids = [p for p in ids if _side_by_hand(p) < 0.2]
     pairs = _pairs(ids, tie=[p == held_ids[0] for p in ids])
-    assert held_out_side(pairs, 0.2)["prompt_id"].tolist() == held_ids[1:]
+    assert held_out_side(pairs, 0.2)["prompt"].tolist() == held_ids[1:]
     only_ties = _pairs(held_ids[:3], tie=[True] * 3)
     with pytest.raises(HoldoutError, match=r"reward.holdout_fraction 0.2 holds out no pair with a preference "
                                            r"\(3 of 3 pairs, ties included, over 3 prompts\): raise"):

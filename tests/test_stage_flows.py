@@ -154,7 +154,7 @@ def test_the_cli_runs_one_stage_alone_on_a_chosen_input(round_to_vote):
     assert len(made) == 1 and votes["digest"] in {i.digest for i in store.manifest(made[0]).inputs}  # the chosen
     assert f"votes:{votes['digest'][:12]}" in result.output  # its inputs, the chosen one among them
     # refused with one line: a stage that is not heavy, an input without its name, a wrong kind
-    for bad, message in ((["stage", "sample", "--input", "vote=x"], "--input runs one of vote, denoise"),
+    for bad, message in ((["stage", "sample", "--input", "vote=x"], "--input runs one of import_annotations, vote, denoise"),
                          (["stage", "denoise", "--input", f"votes:{votes['digest']}"], "NAME=ARTIFACT"),
                          (args[:-1] + [f"vote={first['artifacts']['import_annotations']['path']}"],
                           "reads a votes artifact as vote")):
@@ -272,7 +272,7 @@ def test_held_out_prompts_measure_the_reward_model_on_labels_it_never_learned_fr
     summary = rlhf_round(config=real, stop_after="reward")
     art = {name: Path(a["path"]) for name, a in summary["artifacts"].items()}
     comparisons = read_table("comparisons", art["import_annotations"] / "comparisons.parquet")
-    held = held_out(comparisons["prompt_id"], 0.3)
+    held = held_out(comparisons["prompt"], 0.3)
     assert 0 < held.sum() < len(comparisons)
     votes = read_table("votes", art["vote"] / "votes.parquet")
     denoised = read_table("denoised", art["denoise"] / "denoised.parquet")
@@ -308,3 +308,20 @@ def test_held_out_prompts_measure_the_reward_model_on_labels_it_never_learned_fr
         rlhf_stage(stage="denoise", config=no_holdout, inputs={
             "pairs": f"comparisons:{summary['artifacts']['import_annotations']['digest']}",
             "vote": f"votes:{summary['artifacts']['vote']['digest']}"})
+    with pytest.raises(ConfigError, match=r"denoised pairs \w{12} held out the pairs of reward.holdout_fraction 0.3 "
+                                          r"of the prompts, this config 0.0: denoise again"):
+        rlhf_stage(stage="reward", config=no_holdout, inputs={
+            "denoise": f"denoised:{summary['artifacts']['denoise']['digest']}"})
+
+
+def test_an_export_is_imported_against_the_responses_given(round_to_vote):
+    """`rlhf stage import_annotations --input generate=responses:<digest>`: the labels of tasks made from responses
+    the round no longer generates (other settings, or a pipeline whose response ids differ) join the artifact that
+    made them; the annotators' exports are the round's. On the round's own responses it is the round's import."""
+    from flows.stages import rlhf_stage
+
+    cfg, first = round_to_vote
+    result = rlhf_stage(stage="import_annotations", config=cfg,
+                        inputs={"generate": f"responses:{first['artifacts']['generate']['digest']}"})
+    assert result["artifact"] == first["artifacts"]["import_annotations"]
+    assert result["inputs"]["annotators"] == first["artifacts"]["annotators"]  # not given: the round's, from its cache

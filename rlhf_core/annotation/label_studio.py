@@ -49,9 +49,10 @@ reasons, in the order they are checked:
     prompt_mismatch       a response that belongs to another prompt
     text_mismatch         the task shows a response text (pairwise data.answer1 / answer2, rating data.response,
                           a ranker item's text or body) other than the responses table's for its id, compared
-                          after NFC and trimming: the responses were generated again under the same ids (a
-                          strategy's settings or the seed changed) since the tasks were made (match_texts=False:
-                          not checked, for tasks that show rendered texts)
+                          after NFC and trimming: the texts were edited or rendered, or the tasks were made by a
+                          pipeline whose response ids did not name their text (generate stage version 3 and
+                          before: responses generated again kept their ids) (match_texts=False: not checked, for
+                          tasks that show rendered texts)
     task_id_reused        the annotator already judged a task of this id that shows other ids (a data.task_id
                           given twice, e.g. by two projects): one judgement id for both; other annotators' are kept
     duplicate             the annotator already judged this task in this export, the same way
@@ -176,6 +177,10 @@ def text_field(obj: dict, name: str, where: str = "data") -> str:
     return check_unicode(value, f"{where}.{name}")
 
 
+# how to import an export against the responses its tasks were made from (flows/stages.py)
+IMPORT_AGAINST = "rlhf stage import_annotations --config C --input generate=responses:<digest>"
+
+
 def comparable_text(text: str) -> str:
     """A text (or id) as a reader compares it: NFC Unicode form, no surrounding spaces (exports and editors change
     both without a word)."""
@@ -186,7 +191,9 @@ def check_response(response_id: str, prompt_id: str, known: dict[str, str]) -> N
     """Raise Rejected unless `response_id` is a known response to `prompt_id` (known: response -> prompt)."""
     if response_id not in known:
         near = comparable_text(response_id)
-        hint = f" (the artifact has {near!r}: the export changed its spaces or Unicode form)" if near in known else ""
+        hint = (f" (the artifact has {near!r}: the export changed its spaces or Unicode form)" if near in known else
+                f" (tasks made from responses this round did not generate, with other settings, seed or pipeline "
+                f"version, join the generate artifact that made them: {IMPORT_AGAINST})")
         raise Rejected("unknown_response", f"response id {response_id!r} is not in the responses artifact{hint}")
     if known[response_id] != prompt_id:
         raise Rejected("prompt_mismatch",
@@ -311,10 +318,9 @@ def check_texts_shown(template: str, data: dict, texts: dict[str, str]) -> None:
             if shown != ours:
                 raise Rejected("text_mismatch", f"the task shows another text for {response_id} than the responses "
                                f"artifact holds ({shown[:40]!r} vs {ours[:40]!r})"
-                               ": the responses were generated again under the same ids since the tasks were made; "
-                               "import the export against the generate artifact that made its tasks (rlhf stage "
-                               "import_annotations --input), or set annotation.match_texts false if the tasks show "
-                               "rendered texts")
+                               ": set annotation.match_texts false if the tasks show rendered texts; tasks made by "
+                               "a pipeline whose response ids did not name their text (generate stage version 3 and "
+                               f"before) join the generate artifact that made them: {IMPORT_AGAINST}")
 
 
 def _judgement(task: dict, annotation: object, known: dict[str, str], max_rating: int | None,

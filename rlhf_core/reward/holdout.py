@@ -3,8 +3,10 @@
 Real annotations have no gold: the one measure of a reward model trained on them is how often it agrees with
 labels it never learned from, directly or through the voters that chose its flips and margins. `held_out` picks a
 fixed share of the prompts (every pair of a held-out prompt: pairs of one prompt share responses, so a split by
-pair would leak them) by a hash of the prompt_id, so a prompt is on the same side in every stage, seed, process
-and round, and pairs accumulated over rounds never cross sides.
+pair would leak them) by a hash of the prompt's text, so a prompt is on the same side in every stage, seed, process
+and round, pairs accumulated over rounds never cross sides, and a text asked twice under two prompt_ids (a pool
+that repeats prompts, a real prompt log) is on one side: split by prompt_id, two thirds of the demo's held-out
+pairs had their prompt text in training, and one in sixteen was a training pair itself.
 """
 
 from __future__ import annotations
@@ -15,42 +17,44 @@ from collections.abc import Iterable
 import numpy as np
 import pandas as pd
 
-SALT = "rlhf-holdout"  # the side of a prompt does not follow any other hash of its id (sampling, response ids)
+from rlhf_core.annotation.label_studio import comparable_text
+
+SALT = "rlhf-holdout"  # the side of a prompt does not follow any other hash of it (sampling, ids)
 
 
 class HoldoutError(ValueError):
     """The split leaves one side empty; the message says what to change."""
 
 
-def held_out(prompt_ids: Iterable[str], fraction: float) -> np.ndarray:
-    """(N,) bool: the rows whose prompt falls in the held-out share `fraction` of all prompt ids (0 = none).
+def held_out(prompts: Iterable[str], fraction: float) -> np.ndarray:
+    """(N,) bool: the rows whose prompt text falls in the held-out share `fraction` of all prompts (0 = none).
 
-    A prompt id's side is its hash read as a number in [0, 1) below `fraction`: raising the fraction only adds
-    prompts to the held-out side."""
-    ids = [str(p) for p in prompt_ids]
+    A prompt's side is the hash of its text as a reader compares it (NFC, trimmed), read as a number in [0, 1),
+    below `fraction`: raising the fraction only adds prompts to the held-out side."""
+    texts = [comparable_text(str(p)) for p in prompts]
     if fraction <= 0:
-        return np.zeros(len(ids), dtype=bool)
-    u = np.array([int.from_bytes(hashlib.sha256(f"{SALT}|{p}".encode()).digest()[:8], "big") / 2.0**64
-                  for p in ids], dtype=np.float64)
+        return np.zeros(len(texts), dtype=bool)
+    u = np.array([int.from_bytes(hashlib.sha256(f"{SALT}|{t}".encode()).digest()[:8], "big") / 2.0**64
+                  for t in texts], dtype=np.float64)
     return u < fraction
 
 
 def training_side(pairs: pd.DataFrame, fraction: float, key: str = "reward.holdout_fraction") -> pd.DataFrame:
     """The pairs of prompts not held out (the same row order); refuses to leave nothing to train on."""
-    keep = ~held_out(pairs["prompt_id"], fraction)
+    keep = ~held_out(pairs["prompt"], fraction)
     if len(pairs) and not keep.any():
-        raise HoldoutError(f"{key} {fraction} holds out every one of the {pairs['prompt_id'].nunique()} prompts' "
+        raise HoldoutError(f"{key} {fraction} holds out every one of the {pairs['prompt'].nunique()} prompts' "
                            f"{len(pairs)} pairs: nothing is left to train on; lower {key}")
     return pairs[keep].reset_index(drop=True)
 
 
 def held_out_side(pairs: pd.DataFrame, fraction: float, key: str = "reward.holdout_fraction") -> pd.DataFrame:
     """The pairs of held-out prompts that carry a preference (annotators' ties left out); refuses an empty side."""
-    side = pairs[held_out(pairs["prompt_id"], fraction)]
+    side = pairs[held_out(pairs["prompt"], fraction)]
     decided = side[~_ties(side)].reset_index(drop=True)
     if decided.empty:
         raise HoldoutError(f"{key} {fraction} holds out no pair with a preference ({len(side)} of {len(pairs)} "
-                           f"pairs, ties included, over {pairs['prompt_id'].nunique()} prompts): raise {key} or "
+                           f"pairs, ties included, over {pairs['prompt'].nunique()} prompts): raise {key} or "
                            "set it to 0 (no held-out measure)")
     return decided
 
