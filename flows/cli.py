@@ -146,7 +146,7 @@ def stage(
     config: Optional[Path] = typer.Option(None, help="YAML config; default: the embedded demo"),
     set_: list[str] = typer.Option([], "--set"),
     input_: list[str] = typer.Option(
-        [], "--input", help="NAME=ARTIFACT: run this heavy stage (vote, denoise, reward, ppo, evaluate) alone on a "
+        [], "--input", help="NAME=ARTIFACT: run this stage (import_annotations, vote, denoise, reward, ppo, evaluate) alone on a "
         "chosen input, as the rlhf-stage deployments do; ARTIFACT is kind:digest (a stage's MLflow tag rlhf.output), "
         "a digest or an artifact directory; repeatable; inputs not given come from the round's cache"),
 ):

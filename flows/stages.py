@@ -1,5 +1,5 @@
-"""The heavy stages (vote, denoise, reward, ppo, evaluate) as the round calls them, and `rlhf-stage`, the flow
-that runs one of them alone on chosen input artifacts.
+"""The stages from the import on (import_annotations, vote, denoise, reward, ppo, evaluate) as the round calls them,
+and `rlhf-stage`, the flow that runs one of them alone on chosen input artifacts.
 
 One code path: `rlhf_round` and `rlhf_stage` both call a stage through HEAVY_STAGES, with its inputs by name.
 An input is named after the round's stage that makes it ("sft", "world", "vote", ...), except "pairs" (the
@@ -8,7 +8,7 @@ comparisons the reward models learn from) and "policy" (the policy PPO improves)
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Literal, get_args
 
@@ -18,7 +18,7 @@ import rlhf_core
 from rlhf_core.artifacts import MANIFEST, ArtifactRef, ArtifactStore, Manifest
 from rlhf_core.config import ConfigError, RoundConfig
 from rlhf_core.paths import allowed_roots, resolve_allowed
-from tasks.annotation import import_annotations
+from tasks.annotation import collect_annotations, import_annotations
 from tasks.common import RunContext, lock_workdir
 from tasks.denoise import denoise_pairs
 from tasks.evaluation import evaluate
@@ -32,10 +32,14 @@ Inputs = dict[str, ArtifactRef]
 
 @dataclass(frozen=True)
 class HeavyStage:
-    """How the round calls one heavy stage: the artifact kind of each input it reads, and the call."""
+    """How the round calls one heavy stage: the artifact kind of each input it reads, and the call.
+
+    `made_from`: an input the call makes itself, when not given, from another that is given (its name -> the
+    other's); without either it comes from the round."""
 
     inputs: dict[str, str]
     call: Callable[[RunContext, RoundConfig, Inputs, int, bool], ArtifactRef]
+    made_from: dict[str, str] = field(default_factory=dict)
 
     def inputs_for(self, config: RoundConfig) -> dict[str, str]:
         """The inputs this config makes it read: MetaRM's meta step also reads the generated responses."""
@@ -45,7 +49,10 @@ class HeavyStage:
 
 
 def _import(ctx: RunContext, config: RoundConfig, a: Inputs, seed: int, simulated: bool) -> ArtifactRef:
-    return import_annotations(ctx, config.annotation, a["annotators"], a["generate"], simulated)
+    # the config's exports (or the simulated crowd's labels) collected beside the responses given: from the round,
+    # they would wait for it to generate again, and the simulated crowd would label those other responses
+    annotators = a.get("annotators") or collect_annotations(ctx, config.annotation, config.world, a["generate"], seed)
+    return import_annotations(ctx, config.annotation, annotators, a["generate"], simulated)
 
 
 def _vote(ctx: RunContext, config: RoundConfig, a: Inputs, seed: int, simulated: bool) -> ArtifactRef:
@@ -76,7 +83,8 @@ def _evaluate(ctx: RunContext, config: RoundConfig, a: Inputs, seed: int, simula
 HEAVY_STAGES: dict[str, HeavyStage] = {
     # the annotators' exports joined to chosen responses: labels of tasks made from responses the round no longer
     # generates (other settings, or a pipeline version whose response ids differ) join the artifact that made them
-    "import_annotations": HeavyStage({"annotators": "annotation_export", "generate": "responses"}, _import),
+    "import_annotations": HeavyStage({"annotators": "annotation_export", "generate": "responses"}, _import,
+                                     made_from={"annotators": "generate"}),
     "vote": HeavyStage({"pairs": "comparisons", "sft": "policy"}, _vote),
     "denoise": HeavyStage({"pairs": "comparisons", "vote": "votes"}, _denoise),
     "reward": HeavyStage({"denoise": "denoised", "pairs": "comparisons", "sft": "policy", "world": "prompts"},
@@ -193,7 +201,9 @@ def rlhf_stage(stage: HeavyStageName = "denoise", inputs: dict[str, str] | None 
                           "round that finds its inputs the series' next one: set it false for a stage run alone")
     store = ArtifactStore(Path(config.workdir).resolve() / "artifacts")
     refs = given_inputs(stage, config, inputs or {}, store)  # refused before any work
-    if missing := [name for name in HEAVY_STAGES[stage].inputs_for(config) if name not in refs]:
+    made_from = HEAVY_STAGES[stage].made_from
+    if missing := [name for name in HEAVY_STAGES[stage].inputs_for(config)
+                   if name not in refs and made_from.get(name) not in refs]:
         get_run_logger().info("stage %s: inputs %s from the round (its cache)", stage, ", ".join(missing))
         refs |= round_inputs(missing, config)
     # between two rounds of an rlhf-rounds series the workdir is the series': its next round would fail on this lock

@@ -314,14 +314,21 @@ def test_held_out_prompts_measure_the_reward_model_on_labels_it_never_learned_fr
             "denoise": f"denoised:{summary['artifacts']['denoise']['digest']}"})
 
 
-def test_an_export_is_imported_against_the_responses_given(round_to_vote):
+def test_an_export_is_imported_against_the_responses_given(round_to_vote, monkeypatch):
     """`rlhf stage import_annotations --input generate=responses:<digest>`: the labels of tasks made from responses
     the round no longer generates (other settings, or a pipeline whose response ids differ) join the artifact that
-    made them; the annotators' exports are the round's. On the round's own responses it is the round's import."""
+    made them. The exports are collected beside the responses given, not taken from the round, which would generate
+    again first (and whose simulated crowd would label those other responses). On the round's own responses it is
+    the round's import."""
+    import flows.stages
     from flows.stages import rlhf_stage
 
+    def no_round(missing, config):
+        raise AssertionError(f"the round ran for {missing}")
+
+    monkeypatch.setattr(flows.stages, "round_inputs", no_round)
     cfg, first = round_to_vote
     result = rlhf_stage(stage="import_annotations", config=cfg,
                         inputs={"generate": f"responses:{first['artifacts']['generate']['digest']}"})
-    assert result["artifact"] == first["artifacts"]["import_annotations"]
-    assert result["inputs"]["annotators"] == first["artifacts"]["annotators"]  # not given: the round's, from its cache
+    assert result["artifact"] == first["artifacts"]["import_annotations"]  # the same exports, the same responses
+    assert list(result["inputs"]) == ["generate"]
