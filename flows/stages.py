@@ -34,12 +34,12 @@ Inputs = dict[str, ArtifactRef]
 class HeavyStage:
     """How the round calls one heavy stage: the artifact kind of each input it reads, and the call.
 
-    `made_from`: an input the call makes itself, when not given, from another that is given (its name -> the
-    other's); without either it comes from the round."""
+    `made_here`: an input that the stage run alone makes from its other inputs when it is not given, instead of
+    running the round up to the stage that makes it (name -> how: (ctx, config, inputs, seed) -> artifact)."""
 
     inputs: dict[str, str]
     call: Callable[[RunContext, RoundConfig, Inputs, int, bool], ArtifactRef]
-    made_from: dict[str, str] = field(default_factory=dict)
+    made_here: dict[str, Callable[[RunContext, RoundConfig, Inputs, int], ArtifactRef]] = field(default_factory=dict)
 
     def inputs_for(self, config: RoundConfig) -> dict[str, str]:
         """The inputs this config makes it read: MetaRM's meta step also reads the generated responses."""
@@ -49,10 +49,13 @@ class HeavyStage:
 
 
 def _import(ctx: RunContext, config: RoundConfig, a: Inputs, seed: int, simulated: bool) -> ArtifactRef:
+    return import_annotations(ctx, config.annotation, a["annotators"], a["generate"], simulated)
+
+
+def _collect_beside(ctx: RunContext, config: RoundConfig, a: Inputs, seed: int) -> ArtifactRef:
     # the config's exports (or the simulated crowd's labels) collected beside the responses given: from the round,
     # they would wait for it to generate again, and the simulated crowd would label those other responses
-    annotators = a.get("annotators") or collect_annotations(ctx, config.annotation, config.world, a["generate"], seed)
-    return import_annotations(ctx, config.annotation, annotators, a["generate"], simulated)
+    return collect_annotations(ctx, config.annotation, config.world, a["generate"], seed)
 
 
 def _vote(ctx: RunContext, config: RoundConfig, a: Inputs, seed: int, simulated: bool) -> ArtifactRef:
@@ -84,7 +87,7 @@ HEAVY_STAGES: dict[str, HeavyStage] = {
     # the annotators' exports joined to chosen responses: labels of tasks made from responses the round no longer
     # generates (other settings, or a pipeline version whose response ids differ) join the artifact that made them
     "import_annotations": HeavyStage({"annotators": "annotation_export", "generate": "responses"}, _import,
-                                     made_from={"annotators": "generate"}),
+                                     made_here={"annotators": _collect_beside}),
     "vote": HeavyStage({"pairs": "comparisons", "sft": "policy"}, _vote),
     "denoise": HeavyStage({"pairs": "comparisons", "vote": "votes"}, _denoise),
     "reward": HeavyStage({"denoise": "denoised", "pairs": "comparisons", "sft": "policy", "world": "prompts"},
@@ -162,6 +165,12 @@ def round_inputs(missing: list[str], config: RoundConfig) -> Inputs:
     return {name: ArtifactRef(**artifacts[MADE_BY.get(name, name)]) for name in missing}
 
 
+def export_simulated(store: ArtifactStore, annotators: ArtifactRef) -> bool:
+    """Whether an annotation export is the simulated crowd's (it copied no file of the user's): the import reads it
+    as what it is, not as the config's exports would be."""
+    return store.manifest(annotators).config.get("export_sha256") == []
+
+
 def pairs_simulated(store: ArtifactStore, pairs: ArtifactRef) -> bool:
     """Whether `pairs` are the simulated world's (their import stage says; accumulated pairs are their current round's):
     a stage alone on given pairs adds gold metrics by what the pairs are, not by the config (gold of real prompts
@@ -189,7 +198,8 @@ def rlhf_stage(stage: HeavyStageName = "denoise", inputs: dict[str, str] | None 
             the tasks were made from); vote reads pairs (comparisons) and sft
             (policy); denoise reads pairs and vote (votes); reward reads denoise (denoised), pairs, sft and
             world (prompts); ppo reads policy, reward (reward_model), world and sft; evaluate reads ppo
-            (policy), sft, reward and world. An input not given is the round's, from the cache.
+            (policy), sft, reward and world. An input not given is the round's, from the cache; except
+            import_annotations' annotators, collected beside the responses given (the config's exports).
         config: the round's config (see rlhf-round's `config`); the stage reads its own section.
         config_path: a YAML config file used instead of the form's config (see rlhf-round's `config_path`).
     """
@@ -201,9 +211,8 @@ def rlhf_stage(stage: HeavyStageName = "denoise", inputs: dict[str, str] | None 
                           "round that finds its inputs the series' next one: set it false for a stage run alone")
     store = ArtifactStore(Path(config.workdir).resolve() / "artifacts")
     refs = given_inputs(stage, config, inputs or {}, store)  # refused before any work
-    made_from = HEAVY_STAGES[stage].made_from
-    if missing := [name for name in HEAVY_STAGES[stage].inputs_for(config)
-                   if name not in refs and made_from.get(name) not in refs]:
+    made_here = HEAVY_STAGES[stage].made_here
+    if missing := [name for name in HEAVY_STAGES[stage].inputs_for(config) if name not in refs | made_here]:
         get_run_logger().info("stage %s: inputs %s from the round (its cache)", stage, ", ".join(missing))
         refs |= round_inputs(missing, config)
     # between two rounds of an rlhf-rounds series the workdir is the series': its next round would fail on this lock
@@ -217,7 +226,10 @@ def rlhf_stage(stage: HeavyStageName = "denoise", inputs: dict[str, str] | None 
             source = "stage_input"  # a policy given to rlhf-stage
             if "policy" in missing:  # the policy the round would improve: SFT, or the champion
                 refs["policy"], source = starting_policy(ctx, config.iteration, refs["policy"], None)
-            simulated = pairs_simulated(store, refs["pairs"]) if "pairs" in refs else not config.annotation.exports
+            refs |= {name: make(ctx, config, refs, config.seed) for name, make in made_here.items() if name not in refs}
+            simulated = (pairs_simulated(store, refs["pairs"]) if "pairs" in refs else
+                         export_simulated(store, refs["annotators"]) if "annotators" in refs else
+                         not config.annotation.exports)
             ref = HEAVY_STAGES[stage].call(ctx, config, refs, config.seed, simulated)
             if stage == "ppo":  # its registered version names what it started from and its reward model, as a round's
                 lineage = lineage_tags(ctx, refs["policy"], source)

@@ -331,4 +331,22 @@ def test_an_export_is_imported_against_the_responses_given(round_to_vote, monkey
     result = rlhf_stage(stage="import_annotations", config=cfg,
                         inputs={"generate": f"responses:{first['artifacts']['generate']['digest']}"})
     assert result["artifact"] == first["artifacts"]["import_annotations"]  # the same exports, the same responses
-    assert list(result["inputs"]) == ["generate"]
+    assert result["inputs"]["annotators"] == first["artifacts"]["annotators"]  # collected beside them: a cache hit
+
+
+def test_an_export_given_to_the_import_is_read_as_what_it_is_not_as_the_config_says(round_to_vote, monkeypatch):
+    """The simulated crowd's export given under a config with exports was read as a user's, without gold metrics
+    (and a user's under a config without exports as the simulated crowd's, in its format): `simulated` follows the
+    export, as it follows the pairs for the later stages."""
+    from flows.stages import rlhf_stage
+
+    cfg, first = round_to_vote
+    export = Path(first["artifacts"]["annotators"]["path"]) / "exports" / "00-simulated-label-studio.json"
+    monkeypatch.setenv("RLHF_ALLOWED_ROOTS", str(Path(cfg.workdir).parent))
+    with_exports = cfg.model_copy(update={"annotation": cfg.annotation.model_copy(update={"exports": (str(export),)})})
+    result = rlhf_stage(stage="import_annotations", config=with_exports, inputs={
+        "annotators": f"annotation_export:{first['artifacts']['annotators']['digest']}",
+        "generate": f"responses:{first['artifacts']['generate']['digest']}"})
+    store = ArtifactStore(Path(cfg.workdir) / "artifacts")
+    manifest = store.manifest(store.find("comparisons", result["artifact"]["digest"]))
+    assert manifest.config["simulated"] is True and "annotation/gold_agreement_excl_gold_ties" in manifest.metrics
