@@ -702,7 +702,9 @@ def test_reward_holdout_measures_both_models_by_gold_and_by_held_out_human_label
     assert 0 < result["held out"]["n_train_pairs"] < result["all prompts"]["n_train_pairs"]
     rows = table((folder / "reward-holdout.md").read_text(), "| measure |")
     assert [r[0] for r in rows] == ["gold accuracy, no prompts held out", "gold accuracy, 30% of the prompts held out",
-                                    "agreement with held-out human labels"]  # one label per pair: no unanimous row
+                                    "agreement with held-out human labels",  # one label per pair: no unanimous row
+                                    "expected agreement, g·a + (1 - g)(1 - a)"]
+    assert 0.0 <= result["held out"]["label_accuracy"] <= 1.0  # the held-out labels' own agreement with gold
     kept_and_read_back("reward_holdout", shared_round, [folder / "fraction0.3" / "seed0.json"])
 
 
