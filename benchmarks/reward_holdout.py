@@ -45,16 +45,21 @@ def reward_metrics(cfg) -> tuple[dict[str, float], dict]:
     return store.manifest(store.find(reward["kind"], reward["digest"])).metrics, summary["artifacts"]
 
 
-def held_out_label_accuracy(comparisons_dir: str, fraction: float) -> float:
+def held_out_label_accuracy(comparisons_dir: str, fraction: float) -> dict[str, float]:
     """a: how often the annotators' labels of the held-out pairs agree with gold (gold ties and annotator ties
-    left out), the rate that bounds what agreement with them can show."""
+    left out), the rate that bounds what agreement with them can show; a_unanimous: the same over the pairs that
+    two or more annotators labelled alike (NaN with one label per pair), the subset `accuracy_unanimous` reads."""
     from rlhf_core.reward.holdout import held_out_side
     from rlhf_core.schemas import read_table
     from rlhf_core.sim.metrics import gold_difference
 
     pairs = held_out_side(read_table("comparisons", Path(comparisons_dir) / "comparisons.parquet"), fraction)
     gold = gold_difference(pairs["prompt"], pairs["chosen"], pairs["rejected"])
-    return float((gold[gold != 0] > 0).mean())
+    unanimous = (pairs["n_labels"].to_numpy() >= 2) & (pairs["label_agreement"].to_numpy() >= 1.0)
+    rate = {"label_accuracy": float((gold[gold != 0] > 0).mean())}
+    subset = gold[unanimous & (gold != 0)]
+    rate["label_accuracy_unanimous"] = float((subset > 0).mean()) if len(subset) else float("nan")
+    return rate
 
 
 def run_seed(config: str | None, seed: int, workdir: Path, fraction: float) -> dict:
@@ -66,7 +71,7 @@ def run_seed(config: str | None, seed: int, workdir: Path, fraction: float) -> d
             "gold_accuracy_heldout", "heldout/accuracy", "heldout/accuracy_unanimous", "heldout/n_pairs",
             "heldout/n_unanimous") if f"{prefix}/{key}" in metrics} for model, prefix in MODELS.items()}
         result[name]["n_train_pairs"] = metrics["reward/n_train_pairs"]
-    result["held out"]["label_accuracy"] = held_out_label_accuracy(artifacts["import_annotations"]["path"], fraction)
+    result["held out"] |= held_out_label_accuracy(artifacts["import_annotations"]["path"], fraction)
     return result
 
 
@@ -107,12 +112,14 @@ def write_report(results: list[dict], out: Path, command: str, seconds: float) -
     for label, run, key in rows:
         lines.append(f"| {label} | {_cell(col(run, 'denoised', key))} | {_cell(col(run, 'baseline', key))} | "
                      f"{_cell(gap(run, key), '+.3f')} |")
-    a = [r["held out"]["label_accuracy"] for r in results]
-    expected = {m: [expected_agreement(r["held out"][m]["gold_accuracy_heldout"], r["held out"]["label_accuracy"])
-                    for r in results] for m in MODELS}
-    lines.append(f"| expected agreement, g·a + (1 - g)(1 - a) | {_cell(expected['denoised'])} | "
-                 f"{_cell(expected['baseline'])} | "
-                 f"{_cell([d - b for d, b in zip(expected['denoised'], expected['baseline'])], '+.3f')} |")
+    expected_rows = [("expected agreement, g·a + (1 - g)(1 - a)", "label_accuracy")]
+    if len(rows) == 4:
+        expected_rows.append(("expected agreement with the unanimous labels, a their own", "label_accuracy_unanimous"))
+    for label, rate in expected_rows:
+        expected = {m: [expected_agreement(r["held out"][m]["gold_accuracy_heldout"], r["held out"][rate])
+                        for r in results] for m in MODELS}
+        lines.append(f"| {label} | {_cell(expected['denoised'])} | {_cell(expected['baseline'])} | "
+                     f"{_cell([d - b for d, b in zip(expected['denoised'], expected['baseline'])], '+.3f')} |")
     n_held = col("held out", "denoised", "heldout/n_pairs")
     n_unanimous = col("held out", "denoised", "heldout/n_unanimous")
     lines += [
@@ -123,9 +130,13 @@ def write_report(results: list[dict], out: Path, command: str, seconds: float) -
         + (f", {_cell(n_unanimous, '.0f')} of them unanimous." if len(rows) == 4 else
            " (one label per pair: none is unanimous)."),
         "",
-        f"a, the annotators' agreement with gold on the held-out pairs (gold ties left out): {_cell(a)}; g: each "
-        "model's accuracy on held-out gold pairs with the prompts held out. The measured agreement counts the "
-        "held-out pairs that gold calls a tie too.",
+        f"a, the annotators' agreement with gold on the held-out pairs (gold ties left out): "
+        f"{_cell([r['held out']['label_accuracy'] for r in results])}"
+        + (f"; on the unanimous ones: {_cell([r['held out']['label_accuracy_unanimous'] for r in results])}"
+           if len(rows) == 4 else "")
+        + "; g: each model's accuracy on held-out gold pairs with the prompts held out (all of them: on the "
+        "unanimous subset, pairs the annotators found easy, the models are likely right more often, so its expected "
+        "row is a floor). The measured agreement counts the held-out pairs that gold calls a tie too.",
         "",
         "Per seed (denoised / baseline):",
         "",

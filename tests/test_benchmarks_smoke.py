@@ -705,7 +705,32 @@ def test_reward_holdout_measures_both_models_by_gold_and_by_held_out_human_label
                                     "agreement with held-out human labels",  # one label per pair: no unanimous row
                                     "expected agreement, g·a + (1 - g)(1 - a)"]
     assert 0.0 <= result["held out"]["label_accuracy"] <= 1.0  # the held-out labels' own agreement with gold
+    assert math.isnan(result["held out"]["label_accuracy_unanimous"])  # one label per pair
     kept_and_read_back("reward_holdout", shared_round, [folder / "fraction0.3" / "seed0.json"])
+
+
+def test_reward_holdout_report_with_several_labels_per_pair(tmp_path):
+    """Hand-made results of a seed whose held-out pairs have unanimous labels: their rows, and the expected
+    agreement g·a + (1 - g)(1 - a) computed with each label set's own accuracy a."""
+    from reward_holdout import write_report
+
+    def seed(s, g_denoised, g_baseline):
+        held = {m: {"gold_accuracy_heldout": g, "heldout/accuracy": 0.7, "heldout/accuracy_unanimous": 0.8,
+                    "heldout/n_pairs": 500, "heldout/n_unanimous": 200}
+                for m, g in (("denoised", g_denoised), ("baseline", g_baseline))}
+        everything = {m: {"gold_accuracy_heldout": 0.9} for m in ("denoised", "baseline")}
+        return {"seed": s, "fraction": 0.2, "all prompts": everything | {"n_train_pairs": 2000},
+                "held out": held | {"n_train_pairs": 1600, "label_accuracy": 0.75, "label_accuracy_unanimous": 0.95}}
+
+    write_report([seed(0, 0.9, 0.8)], tmp_path / "r.md", "cmd", 60.0)
+    text = (tmp_path / "r.md").read_text()
+    rows = {r[0]: r[1:] for r in table(text, "| measure |")}
+    assert rows["agreement with held-out unanimous labels (2+ annotators)"] == ["0.800", "0.800", "+0.000"]
+    # 0.9 * 0.75 + 0.1 * 0.25 = 0.700; 0.8 * 0.75 + 0.2 * 0.25 = 0.650
+    assert rows["expected agreement, g·a + (1 - g)(1 - a)"] == ["0.700", "0.650", "+0.050"]
+    # 0.9 * 0.95 + 0.1 * 0.05 = 0.860; 0.8 * 0.95 + 0.2 * 0.05 = 0.770
+    assert rows["expected agreement with the unanimous labels, a their own"] == ["0.860", "0.770", "+0.090"]
+    assert "200 of them unanimous" in text and "on the unanimous ones: 0.950" in text
 
 
 # ---------------------------------------------------------------- their own miniature rounds: overhead and scaling
