@@ -134,9 +134,9 @@ def write_report(results: list[dict], out: Path, command: str, seconds: float) -
         f"{_cell([r['held out']['label_accuracy'] for r in results])}"
         + (f"; on the unanimous ones: {_cell([r['held out']['label_accuracy_unanimous'] for r in results])}"
            if len(rows) == 4 else "")
-        + "; g: each model's accuracy on held-out gold pairs with the prompts held out (all of them: on the "
-        "unanimous subset, pairs the annotators found easy, the models are likely right more often, so its expected "
-        "row is a floor). The measured agreement counts the held-out pairs that gold calls a tie too.",
+        + "; g: each model's accuracy on all the held-out gold pairs with the prompts held out (the unanimous "
+        "subset holds the pairs the annotators found easy, where a model may be right more often than g). The "
+        "measured agreement counts the held-out pairs that gold calls a tie too.",
         "",
         "Per seed (denoised / baseline):",
         "",
