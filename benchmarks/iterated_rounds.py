@@ -31,7 +31,8 @@ os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 sys.path.insert(0, str(Path(__file__).parent))
 
 from result_files import figure_axes, save_figure  # noqa: E402
-from reward_modelling import _cell, add_round_arguments, round_config, round_workdir, seed_results  # noqa: E402
+from reward_modelling import (_cell, add_round_arguments, round_config, round_workdir,  # noqa: E402
+                              run_settings, seed_results)
 
 # the rows of the report's table: the round summary's headline names, in this order
 ROWS = (
@@ -150,7 +151,7 @@ def main(argv: list[str] | None = None) -> None:
     work_dir = args.work_dir / f"rounds{args.rounds}"
     results = seed_results(args.seeds, work_dir, lambda seed, tmp: run_seed(
         round_config(args.config, seed, round_workdir(args.rounds_dir, seed, tmp),
-                     ("iteration.stop_min_win_rate=null",)), args.rounds))
+                     ("iteration.stop_min_win_rate=null",)), args.rounds), run_settings(args, "rounds"))
     write_report(results, args.rounds, args.out, "benchmarks/iterated_rounds.py " + " ".join(argv or sys.argv[1:]))
     print(f"wrote {args.out}")
 

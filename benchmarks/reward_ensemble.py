@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from result_files import figure_axes, save_figure  # noqa: E402
 from reward_modelling import (TYPES, _cell, add_round_arguments, gold_oriented, round_config,  # noqa: E402
-                              round_pairs, round_workdir, seed_results)
+                              round_pairs, round_workdir, run_settings, seed_results)
 
 LABELS = ("raw", "gold")
 
@@ -133,7 +133,8 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     start = time.time()
     results = seed_results(args.seeds, args.work_dir, lambda seed, tmp: run_seed(
-        round_config(args.config, seed, round_workdir(args.rounds_dir, seed, tmp)), args.members, args.gold_members))
+        round_config(args.config, seed, round_workdir(args.rounds_dir, seed, tmp)), args.members, args.gold_members),
+        run_settings(args, "members", "gold_members"))
     write_report(results, args.out, time.time() - start)
     print(f"wrote {args.out}")
 

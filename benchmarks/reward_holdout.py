@@ -28,7 +28,8 @@ os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 sys.path.insert(0, str(Path(__file__).parent))
 
 from result_files import figure_axes, save_figure, write_json  # noqa: E402
-from reward_modelling import _cell, add_round_arguments, round_config, round_workdir, seed_results  # noqa: E402
+from reward_modelling import (_cell, add_round_arguments, round_config, round_workdir,  # noqa: E402
+                              run_settings, seed_results)
 
 MODELS = {"denoised": "reward", "baseline": "reward/baseline"}  # name -> metric prefix in the reward stage
 
@@ -182,7 +183,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     start = time.time()
     results = seed_results(args.seeds, Path(args.work_dir) / f"fraction{args.fraction}", lambda seed, tmp: run_seed(
-        args.config, seed, round_workdir(args.rounds_dir, seed, tmp), args.fraction))
+        args.config, seed, round_workdir(args.rounds_dir, seed, tmp), args.fraction), run_settings(args, "fraction"))
     command = shlex.join(["benchmarks/reward_holdout.py", *(argv if argv is not None else sys.argv[1:])])
     write_report(results, Path(args.out), command, time.time() - start)
 

@@ -129,12 +129,38 @@ def round_voting(cfg, overrides: dict):
     return VotingConfig.model_validate(cfg.voting.model_dump() | overrides)
 
 
-def seed_results(seeds: list[int], work_dir: Path, run_seed) -> list[dict]:
-    """run_seed(seed, workdir) for each seed, in a temporary workdir under `work_dir`; each result is kept as
-    work_dir/seed<N>.json (written atomically), so a killed benchmark resumes with the next seed."""
+def run_settings(args: argparse.Namespace, *options: str) -> dict:
+    """What a seed's kept result depends on besides the seed and the code: the round's config (its text; None: the
+    embedded demo's) and the benchmark's `options` (argument names)."""
+    return {"config": Path(args.config).read_text() if args.config else None,
+            **{name: getattr(args, name) for name in options}}
+
+
+def check_kept_settings(work_dir: Path, settings: dict) -> None:
+    """Refuse a work dir whose kept seed results were made with other settings (another --config or option): read
+    back, they would be reported as this run's. The first run records its settings as work_dir/settings.json."""
     from rlhf_core.artifacts import atomic_write_text
 
     work_dir.mkdir(parents=True, exist_ok=True)
+    path, text = work_dir / "settings.json", json.dumps(settings, sort_keys=True, indent=1, default=str) + "\n"
+    if path.exists() and path.read_text() != text:
+        raise SystemExit(f"{work_dir} keeps results made with other settings ({path}: "
+                         f"{' '.join(path.read_text().split())}; this run: {' '.join(text.split())}): give another "
+                         "--work-dir, or delete that one to measure again")
+    if not path.exists():
+        if any(work_dir.glob("seed*.json")):
+            raise SystemExit(f"{work_dir} keeps results made before benchmarks recorded their settings: give another "
+                             "--work-dir, or delete that one to measure again")
+        atomic_write_text(path, text)
+
+
+def seed_results(seeds: list[int], work_dir: Path, run_seed, settings: dict) -> list[dict]:
+    """run_seed(seed, workdir) for each seed, in a temporary workdir under `work_dir`; each result is kept as
+    work_dir/seed<N>.json (written atomically), so a killed benchmark resumes with the next seed. `settings`
+    (`run_settings`): a work dir holding results of other settings is refused (`check_kept_settings`)."""
+    from rlhf_core.artifacts import atomic_write_text
+
+    check_kept_settings(work_dir, settings)
     results = []
     for seed in seeds:
         done = work_dir / f"seed{seed}.json"
@@ -465,7 +491,7 @@ def main(argv: list[str] | None = None) -> None:
 
     start = time.time()
     work = Path(args.work_dir)
-    work.mkdir(parents=True, exist_ok=True)
+    check_kept_settings(work, run_settings(args))
     results = []
     for seed in args.seeds:
         done = work / f"seed{seed}.json"

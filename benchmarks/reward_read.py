@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from result_files import dots, figure_axes, save_figure  # noqa: E402
 from reward_modelling import (TYPES, _cell, add_round_arguments, gold_oriented, rm_report,  # noqa: E402
-                              round_config, round_pairs, round_workdir, seed_results)
+                              round_config, round_pairs, round_workdir, run_settings, seed_results)
 
 READS = {"plain": "end_token+logprob", "weighted": "end_token+weighted_logprob"}
 # final reward model (read, labels): labels are raw, gold, or "denoised by <voter read>"
@@ -136,7 +136,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     start = time.time()
     results = seed_results(args.seeds, args.work_dir, lambda seed, tmp: run_seed(
-        round_config(args.config, seed, round_workdir(args.rounds_dir, seed, tmp))))
+        round_config(args.config, seed, round_workdir(args.rounds_dir, seed, tmp))), run_settings(args))
     write_report(results, args.out, time.time() - start)
     print(f"wrote {args.out}")
 

@@ -736,6 +736,39 @@ def test_reward_holdout_report_with_several_labels_per_pair(tmp_path):
 # ---------------------------------------------------------------- their own miniature rounds: overhead and scaling
 
 
+def test_kept_seed_results_are_read_back_only_under_the_settings_that_made_them(tmp_path):
+    """A work dir keeps each seed's result; a later run with another --config (its text) or option is refused, not
+    given those results as its own."""
+    import argparse
+
+    from reward_modelling import run_settings, seed_results
+
+    config = tmp_path / "c.yaml"
+    config.write_text("world:\n  annotators_per_pair: 3\n")
+    calls = []
+
+    def measure(seed, tmp):
+        calls.append(seed)
+        return {"seed": seed}
+
+    def results(config_path, fraction):
+        args = argparse.Namespace(config=config_path, fraction=fraction)
+        return seed_results([0, 1], tmp_path / "work", measure, run_settings(args, "fraction"))
+
+    assert results(str(config), 0.2) == [{"seed": 0}, {"seed": 1}] and calls == [0, 1]
+    assert results(str(config), 0.2) == [{"seed": 0}, {"seed": 1}] and calls == [0, 1]  # read back
+    for other in ((None, 0.2), (str(config), 0.3)):  # the demo's config; another option
+        with pytest.raises(SystemExit, match="keeps results made with other settings.*give another --work-dir"):
+            results(*other)
+    config.write_text("world:\n  annotators_per_pair: 2\n")  # the same path, another text
+    with pytest.raises(SystemExit, match="other settings"):
+        results(str(config), 0.2)
+    (tmp_path / "work" / "settings.json").unlink()  # results of a run that recorded none
+    with pytest.raises(SystemExit, match="before benchmarks recorded their settings"):
+        results(str(config), 0.2)
+    assert calls == [0, 1]
+
+
 def test_loglog_slope_of_hand_made_timings():
     from stage_scaling import loglog_slope
 
