@@ -43,7 +43,8 @@ from pathlib import Path
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 sys.path.insert(0, str(Path(__file__).parent))
 
-from reward_modelling import add_round_arguments, round_config, round_workdir  # noqa: E402
+from reward_modelling import (add_round_arguments, check_kept_settings, round_config, round_workdir,  # noqa: E402
+                              run_settings)
 
 LONG = 150  # the longer budget of section 5: does vanilla PPO hack the reward model given time?
 OLD_DEMO = {"kl_coef": 1.0, "policy_lr": 1e-4, "ptx_coef": 1.0, "critic_warmup_steps": 16}  # the demo before 2026-11-23
@@ -525,6 +526,7 @@ def main(argv: list[str] | None = None) -> None:
     # OMP_NUM_THREADS, where set, caps the threads: two benchmark processes side by side (e.g. one per seed) then
     # share the cores instead of oversubscribing them
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS") or os.cpu_count() or 1))
+    check_kept_settings(args.work_dir, run_settings(args, "set"))  # a run's kept results are per seed and name
     results: dict[str, list[dict]] = {}
     sft: dict[int, dict] = {}
     rm_accuracy: dict[int, dict] = {}

@@ -130,28 +130,26 @@ def round_voting(cfg, overrides: dict):
 
 
 def run_settings(args: argparse.Namespace, *options: str) -> dict:
-    """What a seed's kept result depends on besides the seed and the code: the round's config (its text; None: the
-    embedded demo's) and the benchmark's `options` (argument names)."""
-    return {"config": Path(args.config).read_text() if args.config else None,
-            **{name: getattr(args, name) for name in options}}
+    """What a seed's kept result depends on besides the seed and the code: the round's config (the sha256 of its
+    text; None: the embedded demo's) and the benchmark's `options` (argument names)."""
+    import hashlib
+
+    if args.config and not Path(args.config).is_file():
+        raise SystemExit(f"--config {args.config}: no such file")
+    config = hashlib.sha256(Path(args.config).read_bytes()).hexdigest()[:16] if args.config else None
+    return {"config_sha256": config, **{name: getattr(args, name) for name in options}}
 
 
 def check_kept_settings(work_dir: Path, settings: dict) -> None:
-    """Refuse a work dir whose kept seed results were made with other settings (another --config or option): read
-    back, they would be reported as this run's. The first run records its settings as work_dir/settings.json."""
-    from rlhf_core.artifacts import atomic_write_text
+    """Refuse a work dir whose kept results were made with other settings (another --config or option): read back,
+    they would be reported as this run's. The first run records its settings as work_dir/settings.json."""
+    from result_files import keep_one_setting
 
     work_dir.mkdir(parents=True, exist_ok=True)
-    path, text = work_dir / "settings.json", json.dumps(settings, sort_keys=True, indent=1, default=str) + "\n"
-    if path.exists() and path.read_text() != text:
-        raise SystemExit(f"{work_dir} keeps results made with other settings ({path}: "
-                         f"{' '.join(path.read_text().split())}; this run: {' '.join(text.split())}): give another "
-                         "--work-dir, or delete that one to measure again")
-    if not path.exists():
-        if any(work_dir.glob("seed*.json")):
-            raise SystemExit(f"{work_dir} keeps results made before benchmarks recorded their settings: give another "
-                             "--work-dir, or delete that one to measure again")
-        atomic_write_text(path, text)
+    remedy = "give another --work-dir, or delete that one to measure again"
+    if not (work_dir / "settings.json").exists() and any(work_dir.glob("seed*.json")):
+        raise SystemExit(f"{work_dir} keeps results made before benchmarks recorded their settings: {remedy}")
+    keep_one_setting(work_dir / "settings.json", json.loads(json.dumps(settings, default=str)), remedy)
 
 
 def seed_results(seeds: list[int], work_dir: Path, run_seed, settings: dict) -> list[dict]:

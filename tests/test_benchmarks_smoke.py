@@ -758,11 +758,13 @@ def test_kept_seed_results_are_read_back_only_under_the_settings_that_made_them(
     assert results(str(config), 0.2) == [{"seed": 0}, {"seed": 1}] and calls == [0, 1]
     assert results(str(config), 0.2) == [{"seed": 0}, {"seed": 1}] and calls == [0, 1]  # read back
     for other in ((None, 0.2), (str(config), 0.3)):  # the demo's config; another option
-        with pytest.raises(SystemExit, match="keeps results made with other settings.*give another --work-dir"):
+        with pytest.raises(SystemExit, match="holds the results of .*give another --work-dir"):
             results(*other)
     config.write_text("world:\n  annotators_per_pair: 2\n")  # the same path, another text
-    with pytest.raises(SystemExit, match="other settings"):
+    with pytest.raises(SystemExit, match="holds the results of"):
         results(str(config), 0.2)
+    with pytest.raises(SystemExit, match="--config .*nothing.yaml: no such file"):
+        results(str(tmp_path / "nothing.yaml"), 0.2)
     (tmp_path / "work" / "settings.json").unlink()  # results of a run that recorded none
     with pytest.raises(SystemExit, match="before benchmarks recorded their settings"):
         results(str(config), 0.2)

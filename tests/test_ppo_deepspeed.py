@@ -18,8 +18,8 @@ from rlhf_core.config import PPOConfig, parse_config
 from rlhf_core.paths import PathNotAllowedError, check_config_paths
 from rlhf_core.ppo.learner import DeepSpeedLearner, engine_config
 from tasks.launch import INFRA
-from test_ppo_workers import (WEIGHT_TOLERANCE, assert_same_run, dirs, kill_after_first_checkpoint,  # noqa: F401
-                              run)  # dirs: a fixture
+from test_ppo_workers import (OUTLIER_TOLERANCE, WEIGHT_TOLERANCE, assert_same_run, dirs,  # noqa: F401 - a fixture
+                              kill_after_first_checkpoint, run)
 from test_reward_workers import max_weight_diff, worker_env  # noqa: F401 - worker_env: a fixture
 
 # 2 iterations of 5 prompts x 2 responses (ranks of 3 and 2 prompts), minibatches of 4, 4 and 2 rows (a rank
@@ -58,7 +58,7 @@ def test_zero2_on_two_ranks_gives_the_one_process_run_and_resumes_it(dirs, one_p
             "zero_pp_rank_0_mp_rank_00_optim_states.pt", "zero_pp_rank_1_mp_rank_00_optim_states.pt"]
     diff = assert_same_run(one_process, resumed, CFG.iterations)
     moved = max_weight_diff(one_process[0], models.load_policy(dirs[0]))
-    assert WEIGHT_TOLERANCE < moved / 100 and diff < moved / 10  # see test_ppo_workers.WEIGHT_TOLERANCE
+    assert diff <= OUTLIER_TOLERANCE < moved / 10 and WEIGHT_TOLERANCE < moved / 100  # PPO moved them far more
     print(f"1 process vs ZeRO-2 on 2 ranks, killed and resumed: max weight diff {diff:.2e}, weights moved "
           f"{moved:.2e}")
     with pytest.raises(ValueError, match="under DeepSpeed ZeRO on 2 ranks; this run trains without DeepSpeed"):

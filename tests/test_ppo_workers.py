@@ -32,14 +32,15 @@ PROMPTS = make_prompt_pool(12, seed=1)["prompt"].tolist()
 PTX = [(p, ideal_response(p)) for p in PROMPTS]
 SEED = 3
 REWARD_MAX_LENGTH = 64
-# Weights: every element within WEIGHT_TOLERANCE of the 1-process run but a few (ADAM_OUTLIERS of them at most),
-# and those within 1/10 of how far PPO moved the weights (the callers check). Why the few: the summed gradient of
-# an element whose terms cancel (the tied embedding row of a token no rollout holds: whitened advantages sum to 0)
-# is float noise that 2 ranks sum in another order, and Adam scales it to a step of about the lr either way. On an
-# AMD EPYC without AVX-512: all but 1 of the 17.7k elements within 1.3e-5, that one ('@' row) 1.5e-4 (PPO moved them
-# 8e-2); on an AVX-512 CPU every element was within 1.4e-5.
+# Weights: every element within WEIGHT_TOLERANCE of the 1-process run but a few (ADAM_OUTLIERS at most), and those
+# within OUTLIER_TOLERANCE. Why the few: an element whose summed gradient is float noise (likely the tied embedding
+# row of a token no rollout holds, where the terms cancel) gets it summed in another order on 2 ranks, and Adam's
+# normalised step turns that noise into a step of its own. On an AMD EPYC without AVX-512: all but 1 of the 17.7k
+# elements within 1.3e-5 (ZeRO-2: 1.4e-5), that one (the '@' row) 1.5e-4 (ZeRO-2: 1.8e-4), at lr 1e-2 (PPO moved the
+# weights 8e-2); on an AVX-512 CPU every element was within 1.4e-5.
 WEIGHT_TOLERANCE = 1e-4
 ADAM_OUTLIERS = 3
+OUTLIER_TOLERANCE = 1e-3
 METRIC_TOLERANCE = dict(rel=1e-4, abs=5e-5)  # measured: 1.8e-4 on a perplexity of ~200, 8.5e-6 on approx_kl
 
 
@@ -70,8 +71,8 @@ def one_process(dirs, tmp_path_factory):
 
 
 def assert_same_run(one, two, iterations: int = CFG.iterations) -> float:
-    """The same metrics every iteration, and the same final weights (but for ADAM_OUTLIERS elements); returns the
-    largest weight difference."""
+    """The same metrics every iteration, and the same final weights (ADAM_OUTLIERS elements within
+    OUTLIER_TOLERANCE, the others within WEIGHT_TOLERANCE); returns the largest weight difference."""
     (policy_one, history_one), (policy_two, history_two) = one, two
     assert len(history_two) == len(history_one) == iterations
     for a, b in zip(history_one, history_two):
@@ -80,9 +81,12 @@ def assert_same_run(one, two, iterations: int = CFG.iterations) -> float:
             assert b[k] == pytest.approx(a[k], nan_ok=True, **METRIC_TOLERANCE), (a["iteration"], k)
     print("largest metric differences:", sorted(((abs(b[k] - a[k]), k) for a, b in zip(history_one, history_two)
                                                 for k in a), reverse=True)[:3])
-    diffs = torch.cat([(x - y).abs().flatten() for x, y in zip(policy_one.parameters(), policy_two.parameters())])
+    # parameters(), not state_dict(): the tied embedding is one tensor (state_dict lists it twice, as lm_head too)
+    diffs = torch.cat([(x - y).abs().flatten()
+                       for x, y in zip(policy_one.parameters(), policy_two.parameters(), strict=True)])
     print("largest weight differences:", diffs.topk(ADAM_OUTLIERS + 2).values.tolist())
-    assert int((diffs >= WEIGHT_TOLERANCE).sum()) <= ADAM_OUTLIERS
+    assert int((~(diffs < WEIGHT_TOLERANCE)).sum()) <= ADAM_OUTLIERS  # NaN counts as over
+    assert diffs.max().item() < OUTLIER_TOLERANCE
     return diffs.max().item()
 
 
@@ -92,7 +96,7 @@ def test_two_ranks_give_the_one_process_run(dirs, one_process, worker_env, tmp_p
     assert (tmp_path / "checkpoint.pt").exists()  # rank 0 checkpointed
     diff = assert_same_run(one_process, two)
     moved = max_weight_diff(one_process[0], models.load_policy(dirs[0]))
-    assert WEIGHT_TOLERANCE < moved / 100 and diff < moved / 10  # equal, while PPO moved the weights far more
+    assert diff <= OUTLIER_TOLERANCE < moved / 10 and WEIGHT_TOLERANCE < moved / 100  # PPO moved them far more
     assert all(m["loss/ptx"] > 0 for m in one_process[1])  # the ptx batches were split too
     assert one_process[1][0]["objective/kl"] > 0.1  # to the reference, not to the policy the rollout sampled
     print(f"1 vs 2 ranks: max weight diff {diff:.2e}, weights moved {moved:.2e}")
