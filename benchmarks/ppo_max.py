@@ -43,8 +43,8 @@ from pathlib import Path
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 sys.path.insert(0, str(Path(__file__).parent))
 
-from reward_modelling import (add_round_arguments, check_kept_settings, round_config, round_workdir,  # noqa: E402
-                              run_settings)
+from result_files import check_kept_settings  # noqa: E402
+from reward_modelling import add_round_arguments, round_config, round_workdir, run_settings  # noqa: E402
 
 LONG = 150  # the longer budget of section 5: does vanilla PPO hack the reward model given time?
 OLD_DEMO = {"kl_coef": 1.0, "policy_lr": 1e-4, "ptx_coef": 1.0, "critic_warmup_steps": 16}  # the demo before 2026-11-23

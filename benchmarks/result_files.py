@@ -23,6 +23,17 @@ def keep_one_setting(path: Path, setting: dict, remedy: str, read_kept=json.load
         raise SystemExit(f"{path.parent} holds the results of {path.read_text().strip()}, not {setting}: {remedy}")
 
 
+def check_kept_settings(work_dir: Path, settings: dict) -> None:
+    """Refuse a work dir whose kept results were made with other settings (another --config or option, e.g.
+    reward_modelling.run_settings): read back, they would be reported as this run's. The first run records its
+    settings as work_dir/settings.json (`keep_one_setting`)."""
+    work_dir.mkdir(parents=True, exist_ok=True)
+    remedy = "give another --work-dir, or delete that one to measure again"
+    if not (work_dir / "settings.json").exists() and any(work_dir.glob("seed*.json")):
+        raise SystemExit(f"{work_dir} keeps results made before benchmarks recorded their settings: {remedy}")
+    keep_one_setting(work_dir / "settings.json", json.loads(json.dumps(settings, default=str)), remedy)
+
+
 def write_json(report: str | Path, result: dict) -> Path:
     """`result` as JSON beside `report` (.json), written atomically; its path."""
     path = Path(report).with_suffix(".json")

@@ -50,13 +50,13 @@ def held_out_label_accuracy(comparisons_dir: str, fraction: float) -> dict[str, 
     """a: how often the annotators' labels of the held-out pairs agree with gold (gold ties and annotator ties
     left out), the rate that bounds what agreement with them can show; a_unanimous: the same over the pairs that
     two or more annotators labelled alike (NaN with one label per pair), the subset `accuracy_unanimous` reads."""
-    from rlhf_core.reward.holdout import held_out_side
+    from rlhf_core.reward.holdout import held_out_side, unanimous_labels
     from rlhf_core.schemas import read_table
     from rlhf_core.sim.metrics import gold_difference
 
     pairs = held_out_side(read_table("comparisons", Path(comparisons_dir) / "comparisons.parquet"), fraction)
     gold = gold_difference(pairs["prompt"], pairs["chosen"], pairs["rejected"])
-    unanimous = (pairs["n_labels"].to_numpy() >= 2) & (pairs["label_agreement"].to_numpy() >= 1.0)
+    unanimous = unanimous_labels(pairs)
     rate = {"label_accuracy": float((gold[gold != 0] > 0).mean())}
     subset = gold[unanimous & (gold != 0)]
     rate["label_accuracy_unanimous"] = float((subset > 0).mean()) if len(subset) else float("nan")

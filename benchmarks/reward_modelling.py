@@ -28,12 +28,16 @@ import argparse
 import json
 import os
 import platform
+import sys
 import tempfile
 import time
 from datetime import datetime, timezone
 from pathlib import Path
 
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+sys.path.insert(0, str(Path(__file__).parent))
+
+from result_files import check_kept_settings  # noqa: E402
 
 RECIPES = {  # name -> RewardTrainConfig overrides (epochs 2, batch 16 throughout)
     "end token, lr 1e-3 (before)": {"read": "end_token", "lr": 1e-3, "head_lr": None},
@@ -138,18 +142,6 @@ def run_settings(args: argparse.Namespace, *options: str) -> dict:
         raise SystemExit(f"--config {args.config}: no such file")
     config = hashlib.sha256(Path(args.config).read_bytes()).hexdigest()[:16] if args.config else None
     return {"config_sha256": config, **{name: getattr(args, name) for name in options}}
-
-
-def check_kept_settings(work_dir: Path, settings: dict) -> None:
-    """Refuse a work dir whose kept results were made with other settings (another --config or option): read back,
-    they would be reported as this run's. The first run records its settings as work_dir/settings.json."""
-    from result_files import keep_one_setting
-
-    work_dir.mkdir(parents=True, exist_ok=True)
-    remedy = "give another --work-dir, or delete that one to measure again"
-    if not (work_dir / "settings.json").exists() and any(work_dir.glob("seed*.json")):
-        raise SystemExit(f"{work_dir} keeps results made before benchmarks recorded their settings: {remedy}")
-    keep_one_setting(work_dir / "settings.json", json.loads(json.dumps(settings, default=str)), remedy)
 
 
 def seed_results(seeds: list[int], work_dir: Path, run_seed, settings: dict) -> list[dict]:

@@ -68,11 +68,17 @@ def agreement_with_labels(diffs: np.ndarray, pairs: pd.DataFrame) -> dict[str, f
     diffs = np.asarray(diffs, dtype=np.float64)  # (N,)
     agree = diffs > 0
     report = {"accuracy": float(agree.mean()), "n_pairs": int(len(diffs))}
-    if {"n_labels", "label_agreement"} <= set(pairs.columns):
-        unanimous = (pairs["n_labels"].to_numpy() >= 2) & (pairs["label_agreement"].to_numpy() >= 1.0)
-        if unanimous.any():
-            report |= {"accuracy_unanimous": float(agree[unanimous].mean()), "n_unanimous": int(unanimous.sum())}
+    unanimous = unanimous_labels(pairs)
+    if unanimous.any():
+        report |= {"accuracy_unanimous": float(agree[unanimous].mean()), "n_unanimous": int(unanimous.sum())}
     return report
+
+
+def unanimous_labels(pairs: pd.DataFrame) -> np.ndarray:
+    """(N,) bool: pairs that two or more annotators labelled and all agreed on (none without those columns)."""
+    if not {"n_labels", "label_agreement"} <= set(pairs.columns):
+        return np.zeros(len(pairs), dtype=bool)
+    return (pairs["n_labels"].to_numpy() >= 2) & (pairs["label_agreement"].to_numpy() >= 1.0)
 
 
 def _ties(pairs: pd.DataFrame) -> np.ndarray:
